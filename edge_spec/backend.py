@@ -1,0 +1,380 @@
+"""The only module that imports llama_cpp: load a GGUF, tokenize, decode a batch with chosen logit
+rows, roll the KV cache back, and report model facts.
+
+llama.cpp aborts the whole process on a failed GGML_ASSERT, so everything it would assert on
+(batch sizes, positions, token ids, file validity) is checked here in Python first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from .errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
+
+log = logging.getLogger(__name__)
+llama_log = logging.getLogger("edge_spec.llama_cpp")
+
+GGUF_MAGIC = b"GGUF"
+GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
+
+# ggml log levels -> logging levels. llama.cpp's info and warnings are load chatter: debug here.
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
+           4: logging.DEBUG, 5: logging.DEBUG}
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if llama_log.isEnabledFor(_LEVELS.get(level, logging.DEBUG)):
+        llama_log.log(_LEVELS.get(level, logging.DEBUG), text.decode("utf-8", "replace").rstrip())
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+_init_lock = threading.Lock()
+_backend_ready = False
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _init_lock:
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+FTYPES = {
+    "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+    "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "Q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q2_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K,
+    "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+}
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def llama_cpp_version() -> str:
+    return str(getattr(llama_cpp, "__version__", "unknown"))
+
+
+def check_gguf_file(path: Path) -> int:
+    """Requires nothing; returns the file size in bytes, or raises ModelFileError saying why the
+    file cannot be a loadable GGUF (missing, a directory, too short, wrong magic)."""
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"model path is not a file: {path}")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(GGUF_MIN_BYTES)
+    if len(head) < GGUF_MIN_BYTES or head[:4] != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic or too short): {path}")
+    (version,) = struct.unpack_from("<I", head, 4)
+    if version not in (2, 3):
+        raise ModelFileError(f"unsupported GGUF version {version}: {path}")
+    return size
+
+
+def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
+    """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed)."""
+    check_gguf_file(src)
+    if ftype not in FTYPES:
+        raise InvalidRequestError(f"unknown ftype {ftype!r}; choose from {sorted(FTYPES)}")
+    _ensure_backend()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.allow_requantize = True
+    params.nthread = n_threads or os.cpu_count() or 1
+    rc = llama_cpp.llama_model_quantize(
+        str(src).encode(), str(dst).encode(), ctypes.byref(params)
+    )
+    if rc != 0:
+        raise ModelFileError(f"llama_model_quantize failed ({rc}) for {src} -> {ftype}")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about a loaded model."""
+
+    path: Path
+    file_size_bytes: int
+    description: str
+    n_params: int
+    n_vocab: int
+    n_ctx: int
+    n_ctx_train: int
+    n_batch: int
+    vocab_type: int
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    chat_template: str | None
+    is_recurrent: bool
+
+
+class LlamaModel:
+    """One GGUF model with its own context holding a single sequence.
+
+    The KV cache mirrors `self.tokens`: decode() appends, truncate() drops a suffix. Logit rows
+    returned by decode() are views into llama.cpp's buffer, valid until the next decode() on
+    this model.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        n_gpu_layers: int = -1,
+    ) -> None:
+        self.path = Path(path)
+        file_size = check_gguf_file(self.path)
+        if n_ctx < 16:
+            raise InvalidRequestError(f"n_ctx must be at least 16, got {n_ctx}")
+        if n_batch < 1:
+            raise InvalidRequestError(f"n_batch must be at least 1, got {n_batch}")
+        _ensure_backend()
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers if supports_gpu_offload() else 0
+        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelFileError(f"llama.cpp could not load {self.path} (truncated or corrupt?)")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
+        n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
+        n_batch = min(n_batch, n_ctx)
+        threads = n_threads or default_threads()
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelFileError(f"llama.cpp could not create a context for {self.path}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_threads = threads
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.tokens: list[int] = []
+        template = llama_cpp.llama_model_chat_template(model, None)
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(model, desc, 256)
+        self.info = ModelInfo(
+            path=self.path,
+            file_size_bytes=file_size,
+            description=desc.value.decode("utf-8", "replace"),
+            n_params=int(llama_cpp.llama_model_n_params(model)),
+            n_vocab=self.n_vocab,
+            n_ctx=self.n_ctx,
+            n_ctx_train=n_ctx_train,
+            n_batch=self.n_batch,
+            vocab_type=int(llama_cpp.llama_vocab_type(self._vocab)),
+            bos_id=int(llama_cpp.llama_vocab_bos(self._vocab)),
+            eos_id=int(llama_cpp.llama_vocab_eos(self._vocab)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
+            chat_template=template.decode("utf-8") if template else None,
+            is_recurrent=bool(llama_cpp.llama_model_is_recurrent(model)),
+        )
+        self._eog = np.array(
+            [bool(llama_cpp.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)]
+        )
+        self._piece_buf = ctypes.create_string_buffer(256)
+        log.debug("loaded %s: %s, n_ctx=%d n_batch=%d threads=%d", self.path.name,
+                  self.info.description, self.n_ctx, self.n_batch, threads)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> LlamaModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- vocabulary ------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special,
+                                         parse_special)
+        if n < 0:
+            raise EdgeSpecError(f"tokenization failed ({n})")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token contributes to output text (control tokens contribute nothing)."""
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, big, -n, 0, False)
+            return big.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's raw text for a token id (used by the compatibility check)."""
+        return bytes(llama_cpp.llama_vocab_get_text(self._vocab, token) or b"")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    # ---- decoding --------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], logit_rows: Sequence[int] = ()) -> np.ndarray:
+        """Append `tokens` to the KV cache at positions n_past.. and return the logits of the
+        requested rows (indices into `tokens`, ascending), shape (len(logit_rows), n_vocab).
+
+        Requires every id in [0, n_vocab) and n_past + len(tokens) <= n_ctx; raises
+        ContextOverflowError / InvalidRequestError before llama.cpp sees anything bad. Batches
+        longer than n_batch are split; rows may then only be asked for in the last chunk.
+        """
+        n = len(tokens)
+        if n == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}"
+            )
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise InvalidRequestError(f"token id out of range [0, {self.n_vocab})")
+        rows = list(logit_rows)
+        if rows and (rows != sorted(set(rows)) or rows[0] < 0 or rows[-1] >= n):
+            raise InvalidRequestError(f"logit rows must be ascending indices into {n} tokens")
+        last_start = ((n - 1) // self.n_batch) * self.n_batch
+        if rows and rows[0] < last_start:
+            raise InvalidRequestError("logit rows are only available in the last n_batch tokens")
+        for start in range(0, n, self.n_batch):
+            chunk = ids[start:start + self.n_batch]
+            self._decode_chunk(chunk, [r - start for r in rows if start <= r < start + len(chunk)])
+        if not rows:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
+
+    def _decode_chunk(self, chunk: np.ndarray, rows: list[int]) -> None:
+        batch = self._batch
+        n = len(chunk)
+        pos0 = self.n_past
+        want = set(rows)
+        for i in range(n):
+            batch.token[i] = int(chunk[i])
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1 if i in want else 0
+        batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx, batch)
+        if rc != 0:
+            # Leave the cache consistent with self.tokens before reporting.
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+            if rc == 1:
+                raise ContextOverflowError(f"no KV slot for {n} tokens at position {pos0}")
+            raise EdgeSpecError(f"llama_decode failed with code {rc}")
+        self.tokens.extend(int(t) for t in chunk)
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop every cached position >= n_keep (exact rollback: re-decoding gives the same
+        logits bit for bit)."""
+        if not 0 <= n_keep <= self.n_past:
+            raise InvalidRequestError(f"cannot truncate to {n_keep} of {self.n_past} tokens")
+        if n_keep == self.n_past:
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            # Some caches (sliding window, recurrent) cannot drop a partial sequence: start over.
+            llama_cpp.llama_memory_clear(self._mem, True)
+            kept = self.tokens[:n_keep]
+            self.tokens = []
+            self.decode(kept)
+            return
+        del self.tokens[n_keep:]
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make the cache hold exactly `tokens`, re-decoding only after the common prefix."""
+        common = 0
+        limit = min(len(tokens), self.n_past)
+        while common < limit and self.tokens[common] == tokens[common]:
+            common += 1
+        self.truncate(common)
+        self.decode(tokens[common:])
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self.tokens = []
+
+
+def default_threads() -> int:
+    """Physical cores where psutil knows them, else logical CPUs: decode is bandwidth-bound and
+    hyper-threads only add contention."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # pragma: no cover - psutil is a dependency, but never fail on this
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+def smoke_test(path: str | os.PathLike[str]) -> None:
+    """Load `path`, decode a short prompt as one batch and then token by token, and check the
+    logits are finite. The set-up runs this in a child process right after installing, so a
+    broken build (e.g. the AMX segfault on first decode) fails set-up loudly, not a user's run."""
+    with LlamaModel(path, n_ctx=128, n_batch=32) as model:
+        ids = model.tokenize("The capital of France is")
+        logits = model.decode(ids, [len(ids) - 1])
+        if not np.isfinite(logits).all():
+            raise EdgeSpecError("smoke decode produced non-finite logits")
+        token = int(np.argmax(logits[0]))
+        for _ in range(4):
+            token = int(np.argmax(model.decode([token], [0])[0]))

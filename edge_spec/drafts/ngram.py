@@ -1,0 +1,54 @@
+"""Prompt-lookup drafting: no model, just the context repeating itself.
+
+Finds the longest suffix n-gram (max_ngram down to min_ngram tokens) that occurred earlier in
+the context and proposes the tokens that followed its most recent occurrence. Deterministic,
+so it carries no p_draft; verification treats each token as a point mass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..sampling import SamplingParams
+from .base import NO_DRAFT, Draft
+
+
+class NgramDraft:
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        return Draft(tokens=lookup(context, k, self.max_ngram, self.min_ngram))
+
+    def accept(self, n_accepted: int) -> None:
+        pass
+
+
+def lookup(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> tuple[int, ...]:
+    """Returns up to k tokens that followed the most recent earlier occurrence of the longest
+    matching suffix n-gram of `context`, or () when nothing matches."""
+    n_ctx = len(context)
+    if k <= 0 or n_ctx < min_ngram + 1:
+        return NO_DRAFT.tokens
+    ids = np.asarray(context, dtype=np.int64)
+    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
+        pattern = ids[-n:]
+        # Windows starting at 0..n_ctx-n-1: every occurrence except the suffix itself.
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
+        hits = np.flatnonzero((windows == pattern).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tuple(int(t) for t in ids[start:start + k])
+    return NO_DRAFT.tokens

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Create or reuse the project's virtual environment and install only what is missing.
+
+Standard library only: this runs before anything is installed. It
+1. creates `.venv/` beside the project if it is absent;
+2. installs the package (editable) and the named extras when their requirements are not met;
+3. builds llama-cpp-python from source with CMake flags chosen from this machine (CUDA where a
+   CUDA toolkit *and* a GPU are present, Metal on Apple Silicon, otherwise the CPU's real
+   features with AMX left off: a native build segfaults in ggml_backend_amx_mul_mat on AMX CPUs),
+   keeping the wheel in `.cache/wheels/<version>-<flags hash>/` so it is rebuilt only when the
+   version or the flags change (pip's own wheel cache does not key on CMAKE_ARGS);
+4. runs a smoke decode in a child process so that a broken build fails set-up loudly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("EDGE_SPEC_VENV", ROOT / ".venv"))
+WHEEL_CACHE = ROOT / ".cache" / "wheels"
+LLAMA_CPP_VERSION = "0.3.36"  # the tested version; pyproject pins the same range
+
+# /proc/cpuinfo flag -> ggml CMake option. AMX is deliberately absent (see module docstring).
+X86_FEATURES = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "bmi2": "GGML_BMI2",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+    "avx_vnni": "GGML_AVX_VNNI",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bootstrap] {msg}", file=sys.stderr, flush=True)
+
+
+def venv_python() -> Path:
+    sub = "Scripts/python.exe" if os.name == "nt" else "bin/python"
+    return VENV / sub
+
+
+def has_nvidia_gpu() -> bool:
+    """A CUDA toolkit alone is not enough: this project's CI machines have nvcc and no GPU."""
+    if not shutil.which("nvcc"):
+        return False
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            return out.returncode == 0 and "GPU" in out.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return Path("/dev/nvidia0").exists()
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cmake_args() -> list[str]:
+    """CMake flags for this machine; user CMAKE_ARGS are appended and win."""
+    system, machine = platform.system(), platform.machine().lower()
+    args: list[str] = []
+    if system == "Darwin" and machine == "arm64":
+        args.append("-DGGML_METAL=on")
+    elif has_nvidia_gpu():
+        args.append("-DGGML_CUDA=on")
+    if machine in ("x86_64", "amd64"):
+        flags = cpu_flags()
+        args.append("-DGGML_NATIVE=OFF")
+        for feature, option in X86_FEATURES.items():
+            args.append(f"-D{option}={'ON' if feature in flags else 'OFF'}")
+        args += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    extra = os.environ.get("CMAKE_ARGS", "").split()
+    return args + extra
+
+
+def run(cmd: list[str], **kw) -> None:
+    log("$ " + " ".join(map(str, cmd)))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def installed_version(py: Path, dist: str) -> str | None:
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "try: print(m.version(sys.argv[1]))\n"
+        "except m.PackageNotFoundError: pass\n"
+    )
+    out = subprocess.run([str(py), "-c", code, dist], capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
+def ensure_venv() -> Path:
+    py = venv_python()
+    if not py.exists():
+        log(f"creating virtual environment {VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    return py
+
+
+def ensure_llama_cpp(py: Path) -> None:
+    args = cmake_args()
+    key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:12]
+    stamp = VENV / ".llama_cpp_build.json"
+    want = {"version": LLAMA_CPP_VERSION, "cmake_args": args}
+    if (
+        stamp.exists()
+        and json.loads(stamp.read_text()) == want
+        and installed_version(py, "llama_cpp_python") == LLAMA_CPP_VERSION
+    ):
+        return
+    wheel_dir = WHEEL_CACHE / f"llama_cpp_python-{LLAMA_CPP_VERSION}-{key}"
+    wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
+    if not wheels:
+        log(f"building llama-cpp-python {LLAMA_CPP_VERSION} (a few minutes) with: {' '.join(args)}")
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
+        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+        run(
+            [str(py), "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
+             "--no-binary", "llama-cpp-python", "-w", str(wheel_dir),
+             f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+            env=env,
+        )
+        (wheel_dir / "cmake_args.json").write_text(json.dumps(want, indent=1))
+        wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
+    run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
+         str(wheels[-1])])
+    run([str(py), "-m", "pip", "install", "--quiet", str(wheels[-1])])  # its own dependencies
+    stamp.write_text(json.dumps(want))
+
+
+def ensure_project(py: Path, extras: str) -> None:
+    """Install the project (editable) with its dependencies only when something is missing."""
+    stamp = VENV / ".edge_spec_install.json"
+    pyproject = (ROOT / "pyproject.toml").read_bytes()
+    want = {"pyproject": hashlib.sha256(pyproject).hexdigest(), "extras": extras}
+    if stamp.exists() and json.loads(stamp.read_text()) == want:
+        return
+    spec = f"{ROOT}[{extras}]" if extras else str(ROOT)
+    # llama-cpp-python is already installed from our own wheel, so pip sees it satisfied.
+    run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "-e", spec])
+    stamp.write_text(json.dumps(want))
+
+
+SMOKE = r"""
+import sys
+from edge_spec.backend import smoke_test
+smoke_test()
+"""
+
+
+def smoke(py: Path) -> None:
+    out = subprocess.run([str(py), "-c", SMOKE], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout + out.stderr)
+        log(f"SMOKE DECODE FAILED (exit {out.returncode}): the llama-cpp-python build is broken")
+        sys.exit(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--extras", default="", help="comma-separated extras, e.g. test")
+    ap.add_argument("--print-cmake-args", action="store_true")
+    ap.add_argument("--no-smoke", action="store_true")
+    opts = ap.parse_args()
+    if opts.print_cmake_args:
+        print(" ".join(cmake_args()))
+        return
+    py = ensure_venv()
+    if installed_version(py, "pip") and not (VENV / ".pip_upgraded").exists():
+        run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+        (VENV / ".pip_upgraded").touch()
+    ensure_llama_cpp(py)
+    ensure_project(py, opts.extras)
+    if not opts.no_smoke:
+        smoke(py)
+    log(f"ready: {py}")
+
+
+if __name__ == "__main__":
+    main()
