@@ -340,18 +340,29 @@ class LlamaModel:
             return
         del self.tokens[n_keep:]
 
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Make the cache hold exactly `tokens`, re-decoding only after the common prefix."""
-        common = 0
-        limit = min(len(tokens), self.n_past)
-        while common < limit and self.tokens[common] == tokens[common]:
-            common += 1
+    def sync(self, tokens: Sequence[int], keep_max: int | None = None) -> int:
+        """Make the cache hold exactly `tokens`, re-decoding only after the common prefix (at most
+        keep_max tokens of it kept); returns how many cached tokens were reused."""
+        common = common_prefix(self.tokens, tokens)
+        if keep_max is not None:
+            common = min(common, keep_max)
         self.truncate(common)
         self.decode(tokens[common:])
+        return common
 
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
         self.tokens = []
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def default_threads() -> int:

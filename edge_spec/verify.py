@@ -1,0 +1,104 @@
+"""Verifiers: given k draft tokens and the target's k + 1 rows, decide which tokens are kept.
+
+Both verifiers return 1..k+1 tokens: the accepted draft prefix plus exactly one token chosen by
+the target (the correction at the first rejection, or the bonus after all k drafts). Row i of the
+target's array is the target's distribution for the token at draft position i; row k is the bonus.
+Pure numpy: no model code here, and no Python loop over the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_spec.sampling import argmax, sample
+
+__all__ = ["Verdict", "verify_greedy", "verify_rejection"]
+
+# A residual whose mass is below this is rounding noise (p_draft == p_target up to float error).
+# Reaching it needs a rejection, whose probability is that same mass, so falling back to p_target
+# there moves the output distribution by at most this much.
+_RESIDUAL_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one verification step produced."""
+
+    tokens: tuple[int, ...]  # accepted draft tokens + one target token; length n_accepted + 1
+    n_accepted: int  # how many of the k draft tokens were accepted (0..k)
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Verdict:
+    """Greedy (temperature 0) verification.
+
+    Requires: target_logits of shape (k + 1, n_vocab) with k = len(draft_tokens) (k may be 0),
+    and every draft token in [0, n_vocab).
+    Returns: the longest prefix of draft_tokens equal to the target's argmax row by row, then the
+    target's argmax at the first mismatching row (row k if all matched).
+    Raises: ValueError on a shape mismatch or an out-of-range token.
+    """
+    tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
+    for i, token in enumerate(tokens):
+        best = argmax(target_logits[i])  # row by row: an early mismatch skips the later rows
+        if best != token:
+            return Verdict(tokens[:i] + (best,), i)
+    return Verdict(tokens + (argmax(target_logits[len(tokens)]),), len(tokens))
+
+
+def verify_rejection(
+    draft_tokens: Sequence[int],
+    p_draft: np.ndarray | None,
+    p_target: np.ndarray,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Rejection-sampling verification (Leviathan et al. 2023; Chen et al. 2023), temperature > 0.
+
+    Draft token x at position i is accepted with probability min(1, p_target[i, x] / p_draft[i, x])
+    (one rng.random() per position); the first rejection is replaced by a sample from
+    norm(max(0, p_target[i] - p_draft[i])) and ends the step; if all k pass, a bonus token is drawn
+    from p_target[k]. The tokens produced are distributed exactly as sampling from p_target.
+
+    Requires: p_target of shape (k + 1, n_vocab), rows summing to 1; p_draft of shape (k, n_vocab)
+    with the rows the draft tokens were sampled from, after the same sampling transform, or None
+    for a deterministic draft (n-gram lookup, greedy draft), which is a point mass on each draft
+    token. Inputs are not modified.
+    Raises: ValueError on a shape mismatch or an out-of-range token.
+    """
+    tokens = _checked_tokens(draft_tokens, p_target, "p_target")
+    k = len(tokens)
+    if p_draft is not None and (p_draft.ndim != 2 or p_draft.shape != (k, p_target.shape[1])):
+        raise ValueError(
+            f"p_draft must have shape ({k}, {p_target.shape[1]}) for k={k}, got {p_draft.shape}"
+        )
+    for i, token in enumerate(tokens):
+        p_target_x = p_target[i, token]
+        p_draft_x = 1.0 if p_draft is None else p_draft[i, token]
+        # u < p_target/p_draft without dividing: also right when p_draft_x is 0.
+        if rng.random() * p_draft_x < p_target_x:
+            continue
+        if p_draft is None:
+            residual = p_target[i].copy()  # point-mass draft: the residual is p_target without x
+            residual[token] = 0.0
+        else:
+            residual = p_target[i] - p_draft[i]
+            np.maximum(residual, 0.0, out=residual)
+        if residual.sum() <= _RESIDUAL_EPS:
+            residual = p_target[i]
+        return Verdict(tokens[:i] + (sample(residual, rng),), i)
+    return Verdict(tokens + (sample(p_target[k], rng),), k)
+
+
+def _checked_tokens(draft_tokens: Sequence[int], rows: np.ndarray, name: str) -> tuple[int, ...]:
+    """Return draft_tokens as a tuple of ints after checking rows is (k + 1, n_vocab)."""
+    tokens = tuple(int(token) for token in draft_tokens)
+    k = len(tokens)
+    if rows.ndim != 2 or rows.shape[0] != k + 1:
+        raise ValueError(f"{name} must have shape ({k + 1}, n_vocab) for k={k}, got {rows.shape}")
+    n_vocab = rows.shape[1]
+    for token in tokens:
+        if not 0 <= token < n_vocab:
+            raise ValueError(f"draft token {token} is outside the vocabulary [0, {n_vocab})")
+    return tokens

@@ -1,0 +1,57 @@
+"""Shared fixtures: the real registry models (prepared on first use) and prompt sets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Chat-style and completion-style prompts; several reuse their input so n-gram drafts get used.
+PROMPTS = [
+    "The three primary colors are",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Q: What is the capital of France?\nA:",
+    "List the days of the week: Monday, Tuesday,",
+    "Copy this sentence exactly: The quick brown fox jumps over the lazy dog. "
+    "Copy: The quick brown fox",
+    "Photosynthesis is the process by which plants",
+    "import numpy as np\n\ndef normalize(x):\n    return (x - x.mean()) / x.std()\n\n"
+    "def standardize(x):\n    return",
+    "The recipe: 1. Boil water. 2. Add pasta. 3. Stir. Repeat the recipe: 1. Boil water.",
+    "Water boils at 100 degrees Celsius. At what temperature does water boil? Water boils at",
+]
+
+
+def _model(name: str) -> Path:
+    from edge_spec.models import resolve
+
+    return resolve(name, progress=False)
+
+
+@pytest.fixture(scope="session")
+def target_path() -> Path:
+    from edge_spec.models import default_pair
+
+    return _model(default_pair()[0])
+
+
+@pytest.fixture(scope="session")
+def draft_path() -> Path:
+    from edge_spec.models import default_pair
+
+    return _model(default_pair()[1])
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return _model("gemma3-270m-q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def spec(target_path: Path, draft_path: Path) -> Iterator[object]:
+    from edge_spec import EdgeSpec, EngineConfig
+
+    with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=1024)) as engine:
+        yield engine

@@ -1,0 +1,278 @@
+"""Tests for edge_spec.sampling: parameter validation, the llama.cpp-order transform, sampling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edge_spec.errors import InvalidRequestError
+from edge_spec.sampling import SamplingParams, argmax, make_rng, probs_from_logits, sample
+
+# ---------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("temperature", "1.0"),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("top_k", True),
+        ("top_p", 0.0),
+        ("top_p", 1.01),
+        ("top_p", -0.5),
+        ("top_p", math.nan),
+        ("min_p", -0.01),
+        ("min_p", 1.5),
+        ("min_p", math.nan),
+        ("seed", -1),
+        ("seed", True),
+        ("seed", 1.5),
+    ],
+)
+def test_bad_value_raises_naming_field_and_value(field: str, value: object) -> None:
+    with pytest.raises(InvalidRequestError) as excinfo:
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+    assert field in str(excinfo.value)
+    assert repr(value) in str(excinfo.value)
+
+
+def test_good_values_are_accepted() -> None:
+    assert SamplingParams().greedy
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=1.0, min_p=1.0, seed=0)
+    assert not params.greedy
+    SamplingParams(temperature=2, top_p=0.01, min_p=0.0, seed=np.int64(3))  # type: ignore[arg-type]
+
+
+def test_greedy_params_refuse_probabilities() -> None:
+    with pytest.raises(ValueError, match="greedy"):
+        probs_from_logits(np.zeros(4, dtype=np.float32), SamplingParams())
+
+
+# ---------------------------------------------------------------- transforms
+
+LOGITS = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 0.0], dtype=np.float32)
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    e = np.exp(values - values.max())
+    return np.asarray(e / e.sum())
+
+
+def test_temperature_one_is_softmax() -> None:
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0))
+    assert probs.dtype == np.float64
+    np.testing.assert_allclose(probs, _softmax(LOGITS.astype(np.float64)), rtol=1e-12)
+
+
+def test_temperature_sharpens_below_one_and_flattens_above() -> None:
+    base = probs_from_logits(LOGITS, SamplingParams(temperature=1.0))
+    cold = probs_from_logits(LOGITS, SamplingParams(temperature=0.5))
+    hot = probs_from_logits(LOGITS, SamplingParams(temperature=2.0))
+    top = int(np.argmax(LOGITS))
+    assert cold[top] > base[top] > hot[top]
+    assert cold.max() - cold.min() > base.max() - base.min() > hot.max() - hot.min()
+    np.testing.assert_allclose(cold, _softmax(LOGITS.astype(np.float64) / 0.5), rtol=1e-12)
+
+
+def test_top_k_keeps_k_largest() -> None:
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, top_k=2))
+    assert set(np.flatnonzero(probs)) == {0, 3}
+    np.testing.assert_allclose(probs[[0, 3]], _softmax(np.array([2.0, 3.0])), rtol=1e-12)
+    everything = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, top_k=100))
+    assert np.count_nonzero(everything) == LOGITS.size
+
+
+def test_top_k_ties_keep_lowest_ids() -> None:
+    logits = np.array([0.0, 5.0, 5.0, 5.0, 5.0], dtype=np.float32)
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert list(np.flatnonzero(probs)) == [1, 2]
+
+
+def test_top_p_keeps_smallest_set_reaching_mass() -> None:
+    logits = np.log(np.array([0.1, 0.4, 0.2, 0.3], dtype=np.float64)).astype(np.float32)
+    # Sorted: 0.4, 0.3, 0.2, 0.1 -> cumulative 0.4, 0.7, 0.9, 1.0.
+    cases = {0.3: {1}, 0.4: {1}, 0.5: {1, 3}, 0.7: {1, 3}, 0.8: {1, 2, 3}, 0.95: {0, 1, 2, 3}}
+    for top_p, expected in cases.items():
+        probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=top_p))
+        # 0.4 and 0.7 sit on float boundaries of the cumsum; allow the next set there.
+        got = set(np.flatnonzero(probs))
+        assert got == expected or (top_p in (0.4, 0.7) and len(got) == len(expected) + 1)
+
+
+def test_top_p_always_keeps_one_token() -> None:
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, top_p=1e-9))
+    assert list(np.flatnonzero(probs)) == [3]
+    assert probs[3] == 1.0
+
+
+def test_top_p_is_computed_on_unscaled_logits() -> None:
+    # At T=1 the top two tokens hold ~0.91 of the mass; at T=10 they would hold far less. top-p
+    # must use the unscaled softmax (llama.cpp applies temperature last), so 2 tokens survive.
+    logits = np.array([3.0, 2.5, 0.0, 0.0, 0.0], dtype=np.float32)
+    probs = probs_from_logits(logits, SamplingParams(temperature=10.0, top_p=0.9))
+    assert set(np.flatnonzero(probs)) == {0, 1}
+
+
+def test_top_p_applies_to_top_k_survivors() -> None:
+    # After top-k=2: softmax([3, 2]) = [0.73, 0.27]; top_p=0.7 keeps only token 3.
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, top_k=2, top_p=0.7))
+    assert list(np.flatnonzero(probs)) == [3]
+
+
+def test_min_p_drops_below_threshold() -> None:
+    # Relative probabilities exp(logit - 3): token 0 -> 0.368, token 1 -> 0.135, token 2 -> 0.082.
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, min_p=0.1))
+    assert set(np.flatnonzero(probs)) == {0, 1, 3}
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, min_p=0.3))
+    assert set(np.flatnonzero(probs)) == {0, 3}
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, min_p=1.0))
+    assert list(np.flatnonzero(probs)) == [3]
+
+
+def test_temperature_applies_to_survivors_only() -> None:
+    params = SamplingParams(temperature=0.5, top_k=3)
+    probs = probs_from_logits(LOGITS, params)
+    survivors = [0, 1, 3]
+    expected = _softmax(LOGITS[survivors].astype(np.float64) / 0.5)
+    np.testing.assert_allclose(probs[survivors], expected, rtol=1e-12)
+
+
+def test_neg_inf_masks_and_nan_raises() -> None:
+    logits = np.array([0.0, -np.inf, 1.0], dtype=np.float32)
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0))
+    assert probs[1] == 0.0
+    for bad in ([0.0, np.nan, 1.0], [0.0, np.inf], [-np.inf, -np.inf]):
+        with pytest.raises(ValueError):
+            probs_from_logits(np.array(bad, dtype=np.float32), SamplingParams(temperature=1.0))
+    with pytest.raises(ValueError):
+        probs_from_logits(np.zeros((2, 2, 2), dtype=np.float32), SamplingParams(temperature=1.0))
+
+
+def _reference_probs(row: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Straightforward full-sort version of the llama.cpp chain, to check the fast one."""
+    z = row.astype(np.float64)
+    order = np.lexsort((np.arange(z.size), -z))  # descending logit, ascending id on ties
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    if params.top_p < 1:
+        mass = _softmax(z[order])
+        cut = int(np.searchsorted(np.cumsum(mass), params.top_p)) + 1
+        order = order[: min(cut, order.size)]
+    if params.min_p > 0:
+        mass = _softmax(z[order])
+        order = order[mass >= params.min_p * mass.max()]
+    out = np.zeros(z.size)
+    out[order] = _softmax(z[order] / params.temperature)
+    return out
+
+
+PARAM_GRID = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=40),
+    SamplingParams(temperature=0.8, top_p=0.95),
+    SamplingParams(temperature=0.8, top_p=0.5),
+    SamplingParams(temperature=1.3, top_p=0.999),
+    SamplingParams(temperature=0.6, min_p=0.05),
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(temperature=1.0, top_k=2000, top_p=0.9),
+]
+
+
+@pytest.mark.parametrize("params", PARAM_GRID)
+def test_two_d_rows_match_reference(params: SamplingParams) -> None:
+    rng = np.random.default_rng(0)
+    # Row 1 has heavy ties (rounded logits) to exercise the tie rule; row 2 is nearly flat.
+    logits = np.stack(
+        [
+            rng.normal(0.0, 3.0, 5000),
+            np.round(rng.normal(0.0, 2.0, 5000)),
+            rng.normal(0.0, 0.01, 5000),
+        ]
+    ).astype(np.float32)
+    probs = probs_from_logits(logits, params)
+    assert probs.shape == logits.shape
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-12)
+    for row, got in zip(logits, probs, strict=True):
+        expected = _reference_probs(row, params)
+        np.testing.assert_array_equal(got > 0, expected > 0)
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-300)
+
+
+@pytest.mark.parametrize("params", PARAM_GRID)
+def test_full_vocab_rows_work(params: SamplingParams) -> None:
+    n_vocab = 262_144
+    logits = np.random.default_rng(1).normal(0.0, 2.0, (2, n_vocab)).astype(np.float32)
+    probs = probs_from_logits(logits, params)
+    assert probs.shape == (2, n_vocab)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-12)
+    expected = _reference_probs(logits[0], params)
+    np.testing.assert_array_equal(probs[0] > 0, expected > 0)
+    np.testing.assert_allclose(probs[0], expected, rtol=1e-9, atol=1e-300)
+
+
+def test_one_d_input_gives_one_d_output() -> None:
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=0.9, top_k=3))
+    assert probs.shape == LOGITS.shape
+    two_d = probs_from_logits(LOGITS[None, :], SamplingParams(temperature=0.9, top_k=3))
+    np.testing.assert_array_equal(two_d[0], probs)
+
+
+# ---------------------------------------------------------------- sample / argmax / rng
+
+
+def test_same_seed_same_samples() -> None:
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0))
+    rng_a, rng_b = make_rng(42), make_rng(42)
+    first = [sample(probs, rng_a) for _ in range(200)]
+    second = [sample(probs, rng_b) for _ in range(200)]
+    assert first == second
+    rng = make_rng(43)
+    assert [sample(probs, rng) for _ in range(200)] != first
+
+
+def test_sample_frequencies_follow_probs() -> None:
+    probs = np.array([0.1, 0.0, 0.6, 0.3])
+    rng = make_rng(0)
+    n = 20_000
+    counts = np.bincount([sample(probs, rng) for _ in range(n)], minlength=4)
+    assert counts[1] == 0
+    # 5 standard deviations of a binomial proportion with p <= 0.6.
+    np.testing.assert_allclose(counts / n, probs, atol=5 * math.sqrt(0.25 / n))
+
+
+class _FixedDraw:
+    """A stand-in Generator whose random() returns a chosen value."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def test_sample_never_returns_zero_weight_token_under_rounding() -> None:
+    probs = np.array([0.3, 0.7, 0.0, 0.0])
+    last = np.nextafter(1.0, 0.0)  # the largest value rng.random() can return
+    assert sample(probs, _FixedDraw(last)) == 1  # type: ignore[arg-type]
+    assert sample(probs, _FixedDraw(0.0)) == 0  # type: ignore[arg-type]
+    assert sample(np.array([0.0, 0.0, 2.0]), _FixedDraw(0.0)) == 2  # type: ignore[arg-type]
+    # Unnormalized rows (residuals) are scaled by their sum.
+    assert sample(np.array([1.0, 3.0]), _FixedDraw(0.5)) == 1  # type: ignore[arg-type]
+
+
+def test_sample_rejects_bad_rows() -> None:
+    rng = make_rng(0)
+    for bad in (np.zeros(3), np.array([np.nan, 1.0]), np.ones((2, 2))):
+        with pytest.raises(ValueError):
+            sample(bad, rng)
+
+
+def test_argmax_ties_take_lowest_id() -> None:
+    assert argmax(np.array([0.0, 2.0, 2.0, 1.0], dtype=np.float32)) == 1
+    assert argmax(LOGITS) == 3
