@@ -146,17 +146,26 @@ class EdgeSpec:
             raise InvalidRequestError("draft_mode 'model' needs a draft model")
         self.default_draft_mode: DraftMode = mode
         cfg = self.config
-        self.target = LlamaModel(self.target_path, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                                 n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers)
+        self.target = LlamaModel(
+            self.target_path,
+            n_ctx=cfg.n_ctx,
+            n_batch=cfg.n_batch,
+            n_threads=cfg.n_threads,
+            n_gpu_layers=cfg.n_gpu_layers,
+        )
         self._sources: dict[str, DraftSource] = {
             "none": NoDraft(),
             "ngram": NgramDraft(cfg.ngram_max, cfg.ngram_min),
         }
         self.draft: LlamaModel | None = None
         if self.draft_path is not None:
-            draft_model = LlamaModel(self.draft_path, n_ctx=self.target.n_ctx,
-                                     n_batch=cfg.n_batch, n_threads=cfg.n_threads,
-                                     n_gpu_layers=cfg.n_gpu_layers)
+            draft_model = LlamaModel(
+                self.draft_path,
+                n_ctx=self.target.n_ctx,
+                n_batch=cfg.n_batch,
+                n_threads=cfg.n_threads,
+                n_gpu_layers=cfg.n_gpu_layers,
+            )
             try:
                 check_compatible(self.target, draft_model)
             except Exception:
@@ -180,28 +189,37 @@ class EdgeSpec:
 
     # ---- public calls ----------------------------------------------------------------------
 
-    def generate(self, prompt: str, config: GenerationConfig | None = None,
-                 **options: Any) -> GenerationResult:
+    def generate(
+        self, prompt: str, config: GenerationConfig | None = None, **options: Any
+    ) -> GenerationResult:
         """Complete `prompt`; options override fields of `config` (see GenerationConfig)."""
-        last: TextDelta | None = None
-        for last in self.stream(prompt, config, **options):
-            pass
-        assert last is not None and last.result is not None
-        return last.result
+        for delta in self.stream(prompt, config, **options):
+            if delta.result is not None:
+                return delta.result
+        raise AssertionError("stream() ended without a result")  # pragma: no cover
 
-    def chat(self, messages: Sequence[Mapping[str, str]], config: GenerationConfig | None = None,
-             **options: Any) -> GenerationResult:
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        config: GenerationConfig | None = None,
+        **options: Any,
+    ) -> GenerationResult:
         """Answer a conversation rendered with the target GGUF's own chat template."""
         return self.generate(self.render_chat(messages), config, **options)
 
-    def stream_chat(self, messages: Sequence[Mapping[str, str]],
-                    config: GenerationConfig | None = None, **options: Any) -> Iterator[TextDelta]:
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        config: GenerationConfig | None = None,
+        **options: Any,
+    ) -> Iterator[TextDelta]:
         return self.stream(self.render_chat(messages), config, **options)
 
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         info = self.target.info
         return render_chat(
-            info.chat_template, messages,
+            info.chat_template,
+            messages,
             bos_token=self.target.token_text(info.bos_id).decode("utf-8", "replace"),
             eos_token=self.target.token_text(info.eos_id).decode("utf-8", "replace"),
         )
@@ -209,13 +227,17 @@ class EdgeSpec:
     def tokenize(self, text: str) -> list[int]:
         return self.target.tokenize(text, add_special=True, parse_special=True)
 
-    def stream(self, prompt: str, config: GenerationConfig | None = None,
-               **options: Any) -> Iterator[TextDelta]:
+    def stream(
+        self, prompt: str, config: GenerationConfig | None = None, **options: Any
+    ) -> Iterator[TextDelta]:
         """Yields text deltas as tokens are accepted; the last delta carries the result."""
         if not isinstance(prompt, str):
             raise InvalidRequestError("the prompt must be a string")
-        cfg = GenerationConfig.from_kwargs(config, **options) if options else (
-            config or GenerationConfig())
+        cfg = (
+            GenerationConfig.from_kwargs(config, **options)
+            if options
+            else (config or GenerationConfig())
+        )
         mode: DraftMode = cfg.draft_mode or self.default_draft_mode
         if mode not in self._sources:
             raise InvalidRequestError(f"draft_mode {mode!r} needs a draft model; none is loaded")
@@ -226,8 +248,9 @@ class EdgeSpec:
 
     # ---- the generation driver -------------------------------------------------------------
 
-    def _stream(self, prompt_ids: list[int], cfg: GenerationConfig,
-                mode: DraftMode) -> Iterator[TextDelta]:
+    def _stream(
+        self, prompt_ids: list[int], cfg: GenerationConfig, mode: DraftMode
+    ) -> Iterator[TextDelta]:
         with self._lock:
             t_start = time.perf_counter()
             stats = StatsCollector()
@@ -235,8 +258,14 @@ class EdgeSpec:
             token_ids: list[int] = []
             new_ids: list[int] = []
             finish: FinishReason | None = None
-            steps = run_steps(self.target, self._sources[mode], prompt_ids, k=cfg.k,
-                              max_tokens=cfg.max_tokens, sampling=cfg.sampling)
+            steps = run_steps(
+                self.target,
+                self._sources[mode],
+                prompt_ids,
+                k=cfg.k,
+                max_tokens=cfg.max_tokens,
+                sampling=cfg.sampling,
+            )
             try:
                 for event in steps:
                     if isinstance(event, Prefill):
@@ -267,8 +296,9 @@ class EdgeSpec:
             )
             yield TextDelta(tail, tuple(new_ids), finish, result)
 
-    def _take(self, step: Step, n_before: int, text: TextAssembler,
-              max_tokens: int) -> tuple[list[int], FinishReason | None]:
+    def _take(
+        self, step: Step, n_before: int, text: TextAssembler, max_tokens: int
+    ) -> tuple[list[int], FinishReason | None]:
         """The step's tokens up to the first end condition, and that condition if one was met."""
         taken: list[int] = []
         for token in step.tokens:

@@ -7,6 +7,7 @@ llama.cpp aborts the whole process on a failed GGML_ASSERT, so everything it wou
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -27,15 +28,26 @@ llama_log = logging.getLogger("edge_spec.llama_cpp")
 GGUF_MAGIC = b"GGUF"
 GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
 
-# ggml log levels -> logging levels. llama.cpp's info and warnings are load chatter: debug here.
-_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
-           4: logging.DEBUG, 5: logging.DEBUG}
+# ggml log levels: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. Everything goes to debug
+# logging (load chatter, expected quantizer fallbacks); errors are also kept so that the exception
+# we raise can say what llama.cpp objected to.
+GGML_LOG_ERROR = 4
+_recent_errors: collections.deque[str] = collections.deque(maxlen=4)
 
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if llama_log.isEnabledFor(_LEVELS.get(level, logging.DEBUG)):
-        llama_log.log(_LEVELS.get(level, logging.DEBUG), text.decode("utf-8", "replace").rstrip())
+    message = text.decode("utf-8", "replace").rstrip()
+    if level == GGML_LOG_ERROR:
+        _recent_errors.append(message)
+    llama_log.debug("%s", message)
+
+
+def _llama_error(default: str) -> str:
+    """The first error llama.cpp logged since the last call (its root cause), or default."""
+    reason = _recent_errors[0] if _recent_errors else default
+    _recent_errors.clear()
+    return reason.split(": ", 1)[-1] if reason.startswith("llama_") else reason
 
 
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
@@ -97,11 +109,11 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> 
     params.ftype = FTYPES[ftype]
     params.allow_requantize = True
     params.nthread = n_threads or os.cpu_count() or 1
-    rc = llama_cpp.llama_model_quantize(
-        str(src).encode(), str(dst).encode(), ctypes.byref(params)
-    )
+    _recent_errors.clear()
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
-        raise ModelFileError(f"llama_model_quantize failed ({rc}) for {src} -> {ftype}")
+        reason = _llama_error(f"code {rc}")
+        raise ModelFileError(f"llama_model_quantize failed for {src} -> {ftype}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -153,9 +165,11 @@ class LlamaModel:
         self._batch = None
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if supports_gpu_offload() else 0
+        _recent_errors.clear()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            raise ModelFileError(f"llama.cpp could not load {self.path} (truncated or corrupt?)")
+            reason = _llama_error("truncated or corrupt?")
+            raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
@@ -173,14 +187,16 @@ class LlamaModel:
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
-            raise ModelFileError(f"llama.cpp could not create a context for {self.path}")
+            reason = _llama_error("out of memory?")
+            raise ModelFileError(f"llama.cpp could not create a context for {self.path}: {reason}")
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_batch = int(llama_cpp.llama_n_batch(ctx))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_threads = threads
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        # llama.cpp may pad the context up; the limit the caller asked for is the one we keep.
+        self.n_ctx = min(n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
         self.tokens: list[int] = []
         template = llama_cpp.llama_model_chat_template(model, None)
         desc = ctypes.create_string_buffer(256)
@@ -205,8 +221,14 @@ class LlamaModel:
             [bool(llama_cpp.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)]
         )
         self._piece_buf = ctypes.create_string_buffer(256)
-        log.debug("loaded %s: %s, n_ctx=%d n_batch=%d threads=%d", self.path.name,
-                  self.info.description, self.n_ctx, self.n_batch, threads)
+        log.debug(
+            "loaded %s: %s, n_ctx=%d n_batch=%d threads=%d",
+            self.path.name,
+            self.info.description,
+            self.n_ctx,
+            self.n_batch,
+            threads,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -232,16 +254,21 @@ class LlamaModel:
 
     # ---- vocabulary ------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        n = llama_cpp.llama_tokenize(
+            self._vocab, data, len(data), buf, cap, add_special, parse_special
+        )
         if n < 0:
             cap = -n
             buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special,
-                                         parse_special)
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_special, parse_special
+            )
         if n < 0:
             raise EdgeSpecError(f"tokenization failed ({n})")
         return list(buf[:n])
@@ -296,7 +323,7 @@ class LlamaModel:
         if rows and rows[0] < last_start:
             raise InvalidRequestError("logit rows are only available in the last n_batch tokens")
         for start in range(0, n, self.n_batch):
-            chunk = ids[start:start + self.n_batch]
+            chunk = ids[start : start + self.n_batch]
             self._decode_chunk(chunk, [r - start for r in rows if start <= r < start + len(chunk)])
         if not rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)

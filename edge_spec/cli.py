@@ -29,8 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text speculatively and report its statistics")
     gen.add_argument("prompt", nargs="?", help="the prompt (default: read --prompt-file or stdin)")
     gen.add_argument("--prompt-file", help="read the prompt from this file")
-    gen.add_argument("--chat", action="store_true",
-                     help="send the prompt as one user message through the chat template")
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as one user message through the chat template",
+    )
     gen.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
     gen.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
     gen.add_argument("--draft-mode", choices=("model", "ngram", "none"), default="model")
@@ -75,7 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from .api import EdgeSpec, EngineConfig, GenerationConfig
-    from .errors import InvalidRequestError
     from .models import default_pair
     from .sampling import SamplingParams
 
@@ -87,12 +89,18 @@ def _generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         k=args.k,
         stop=tuple(args.stop),
-        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, min_p=args.min_p, seed=args.seed),
+        sampling=SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+        ),
     )
     engine_config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
-    with EdgeSpec(args.target or default_target, draft, draft_mode=args.draft_mode,
-                  config=engine_config) as spec:
+    with EdgeSpec(
+        args.target or default_target, draft, draft_mode=args.draft_mode, config=engine_config
+    ) as spec:
         if args.chat:
             prompt = spec.render_chat([{"role": "user", "content": prompt}])
         if args.json:
@@ -120,8 +128,9 @@ def _read_prompt(args: argparse.Namespace) -> str:
             with open(args.prompt_file, encoding="utf-8") as f:
                 return f.read()
         except OSError as exc:
-            raise InvalidRequestError(f"cannot read prompt file: {exc.strerror}: "
-                                      f"{args.prompt_file}") from exc
+            raise InvalidRequestError(
+                f"cannot read prompt file: {exc.strerror}: {args.prompt_file}"
+            ) from exc
     if args.prompt is not None:
         return str(args.prompt)
     if sys.stdin.isatty():
@@ -135,18 +144,21 @@ def _summary(result: object) -> str:
     assert isinstance(result, GenerationResult)
     s = result.stats
     per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_per_position) or "-"
-    return "\n".join([
-        f"--- {result.draft_mode} draft, k={result.k}, finish: {result.finish_reason}",
-        f"target {result.target}",
-        f"draft  {result.draft or '-'}",
-        f"tokens: {s.n_prompt_tokens} prompt, {s.n_generated} generated in {s.n_steps} steps "
-        f"({s.tokens_per_step:.2f} per target pass)",
-        f"drafted {s.n_drafted}, accepted {s.n_accepted} "
-        f"(rate {s.acceptance_rate:.2f}; per position {per_pos})",
-        f"speed: {s.tokens_per_s:.1f} tokens/s, first token {s.time_to_first_token_s * 1e3:.0f} ms",
-        f"time: prefill {s.prefill_s:.3f}s, draft {s.draft_s:.3f}s, verify {s.verify_s:.3f}s, "
-        f"other {s.other_s:.3f}s",
-    ])
+    return "\n".join(
+        [
+            f"--- {result.draft_mode} draft, k={result.k}, finish: {result.finish_reason}",
+            f"target {result.target}",
+            f"draft  {result.draft or '-'}",
+            f"tokens: {s.n_prompt_tokens} prompt, {s.n_generated} generated in {s.n_steps} steps "
+            f"({s.tokens_per_step:.2f} per target pass)",
+            f"drafted {s.n_drafted}, accepted {s.n_accepted} "
+            f"(rate {s.acceptance_rate:.2f}; per position {per_pos})",
+            f"speed: {s.tokens_per_s:.1f} tokens/s, "
+            f"first token {s.time_to_first_token_s * 1e3:.0f} ms",
+            f"time: prefill {s.prefill_s:.3f}s, draft {s.draft_s:.3f}s, verify {s.verify_s:.3f}s, "
+            f"other {s.other_s:.3f}s",
+        ]
+    )
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -159,10 +171,15 @@ def _models(args: argparse.Namespace) -> int:
             entry = status.entry
             state = "ready" if status.verified else ("present" if status.present else "missing")
             role = {default_target: " (default target)", default_draft: " (default draft)"}
-            source = f"from {entry.derived_from} as {entry.ftype}" if entry.derived_from \
+            source = (
+                f"from {entry.derived_from} as {entry.ftype}"
+                if entry.derived_from
                 else "PyPI " + ", ".join(entry.pypi)
-            print(f"{entry.name:<22} {state:<8} {entry.size_bytes / 2**20:7.1f} MiB  "
-                  f"{source}{role.get(entry.name, '')}")
+            )
+            print(
+                f"{entry.name:<22} {state:<8} {entry.size_bytes / 2**20:7.1f} MiB  "
+                f"{source}{role.get(entry.name, '')}"
+            )
         return 0
     paths = models.prepare(args.names or None, all=args.all, force=args.force, progress=True)
     for name, path in paths.items():

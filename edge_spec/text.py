@@ -35,7 +35,7 @@ class TextAssembler:
         end = len(self.text) - self._held_back()
         if end <= self._emitted:
             return ""
-        out = self.text[self._emitted:end]
+        out = self.text[self._emitted : end]
         self._emitted = end
         return out
 
@@ -43,7 +43,7 @@ class TextAssembler:
         """The rest, including a dangling incomplete UTF-8 sequence (as U+FFFD)."""
         if not self.stopped:
             self.text += self._decoder.decode(b"", final=True)
-        out = self.text[self._emitted:]
+        out = self.text[self._emitted :]
         self._emitted = len(self.text)
         return out
 

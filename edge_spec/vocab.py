@@ -30,6 +30,4 @@ def check_compatible(target: LlamaModel, draft: LlamaModel) -> None:
     for token in range(CHECK_START_TOKEN_ID, min(t.n_vocab, d.n_vocab)):
         t_text, d_text = target.token_text(token), draft.token_text(token)
         if t_text != d_text:
-            raise VocabMismatchError(
-                f"token {token} differs ({t_text!r} vs {d_text!r}): {where}"
-            )
+            raise VocabMismatchError(f"token {token} differs ({t_text!r} vs {d_text!r}): {where}")

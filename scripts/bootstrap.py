@@ -139,15 +139,35 @@ def ensure_llama_cpp(py: Path) -> None:
         env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         run(
-            [str(py), "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
-             "--no-binary", "llama-cpp-python", "-w", str(wheel_dir),
-             f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+            [
+                str(py),
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-cache-dir",
+                "--no-binary",
+                "llama-cpp-python",
+                "-w",
+                str(wheel_dir),
+                f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+            ],
             env=env,
         )
         (wheel_dir / "cmake_args.json").write_text(json.dumps(want, indent=1))
         wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
-    run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-         str(wheels[-1])])
+    run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--force-reinstall",
+            str(wheels[-1]),
+        ]
+    )
     run([str(py), "-m", "pip", "install", "--quiet", str(wheels[-1])])  # its own dependencies
     stamp.write_text(json.dumps(want))
 
@@ -166,17 +186,26 @@ def ensure_project(py: Path, extras: str) -> None:
 
 
 SMOKE = r"""
-import sys
 from edge_spec.backend import smoke_test
-smoke_test()
+from edge_spec.models import resolve
+smoke_test(resolve("smollm2-135m-q4_1", progress=False))
 """
 
 
+def prepare_models(py: Path) -> None:
+    """Fetch and derive the default models (a no-op with a fast check when they are ready)."""
+    run([str(py), "-m", "edge_spec.cli", "models", "prepare"], stdout=subprocess.DEVNULL)
+
+
 def smoke(py: Path) -> None:
+    """A real decode in a child process: a broken build (e.g. the AMX segfault) dies there."""
     out = subprocess.run([str(py), "-c", SMOKE], capture_output=True, text=True)
     if out.returncode != 0:
-        sys.stderr.write(out.stdout + out.stderr)
-        log(f"SMOKE DECODE FAILED (exit {out.returncode}): the llama-cpp-python build is broken")
+        sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
+        log(
+            f"SMOKE DECODE FAILED (exit {out.returncode}): the llama-cpp-python build is broken; "
+            f"delete {WHEEL_CACHE} and {VENV} to rebuild, or set CMAKE_ARGS"
+        )
         sys.exit(1)
 
 
@@ -184,7 +213,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--extras", default="", help="comma-separated extras, e.g. test")
     ap.add_argument("--print-cmake-args", action="store_true")
-    ap.add_argument("--no-smoke", action="store_true")
+    ap.add_argument("--no-models", action="store_true", help="skip model preparation and smoke")
     opts = ap.parse_args()
     if opts.print_cmake_args:
         print(" ".join(cmake_args()))
@@ -195,7 +224,8 @@ def main() -> None:
         (VENV / ".pip_upgraded").touch()
     ensure_llama_cpp(py)
     ensure_project(py, opts.extras)
-    if not opts.no_smoke:
+    if not opts.no_models:
+        prepare_models(py)
         smoke(py)
     log(f"ready: {py}")
 

@@ -11,7 +11,7 @@ import pytest
 PROMPTS = [
     "The three primary colors are",
     "Once upon a time, in a small village by the sea,",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Q: What is the capital of France?\nA:",
     "List the days of the week: Monday, Tuesday,",
     "Copy this sentence exactly: The quick brown fox jumps over the lazy dog. "

@@ -7,11 +7,10 @@ import logging
 
 import numpy as np
 import pytest
+from conftest import PROMPTS
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig, SamplingParams
 from edge_spec.backend import LlamaModel
-
-from conftest import PROMPTS
 
 pytestmark = pytest.mark.models
 log = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ def batched_logits(model: LlamaModel, prompt: list[int], tokens: list[int], k: i
     seq = [prompt[-1], *tokens[:-1]]
     rows = []
     for start in range(0, len(seq), k + 1):
-        chunk = seq[start:start + k + 1]
+        chunk = seq[start : start + k + 1]
         rows.append(model.decode(chunk, range(len(chunk))).copy())
     return np.concatenate(rows)
 
@@ -56,7 +55,9 @@ def batch_deviation(spec: EdgeSpec, baseline: dict[str, list[int]]) -> float:
     worst = 0.0
     for prompt, tokens in baseline.items():
         ids = spec.tokenize(prompt)
-        delta = batched_logits(spec.target, ids, tokens, K) - single_logits(spec.target, ids, tokens)
+        delta = batched_logits(spec.target, ids, tokens, K) - single_logits(
+            spec.target, ids, tokens
+        )
         worst = max(worst, float((delta.max(axis=1) - delta.min(axis=1)).max()))
     spec.target.reset()
     log.info("batch-vs-single logit-difference deviation: %.4f", worst)
@@ -76,8 +77,10 @@ def test_greedy_speculative_equals_target_alone(
         expected, got = baseline[prompt], list(result.token_ids)
         if got == expected:
             continue
-        at = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b),
-                  min(len(expected), len(got)))
+        at = next(
+            (i for i, (a, b) in enumerate(zip(expected, got)) if a != b),
+            min(len(expected), len(got)),
+        )
         assert at < min(len(expected), len(got)), "same tokens but different lengths"
         ids = spec.tokenize(prompt)
         row = single_logits(spec.target, ids, expected[: at + 1])[at]
@@ -88,9 +91,16 @@ def test_greedy_speculative_equals_target_alone(
             f"{batch_deviation:.3f}: not explained by floating point"
         )
     spec.target.reset()
-    report = {"mode": mode, "prompts": len(PROMPTS), "tokens": N_TOKENS,
-              "diverged": len(divergences), "where": divergences,
-              "batch_deviation": batch_deviation, "drafted": n_drafted, "accepted": n_accepted}
+    report = {
+        "mode": mode,
+        "prompts": len(PROMPTS),
+        "tokens": N_TOKENS,
+        "diverged": len(divergences),
+        "where": divergences,
+        "batch_deviation": batch_deviation,
+        "drafted": n_drafted,
+        "accepted": n_accepted,
+    }
     print(json.dumps(report))
     assert n_drafted > 0, "the draft source never proposed anything: the test proves nothing"
     assert len(divergences) <= len(PROMPTS) // 4, report
@@ -115,8 +125,12 @@ def test_self_draft_accepts_everything_when_sampling(target_path) -> None:
 
 def test_same_seed_same_output(spec: EdgeSpec) -> None:
     for mode in ("model", "ngram"):
-        cfg = GenerationConfig(max_tokens=32, k=K, draft_mode=mode,
-                               sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=1234))
+        cfg = GenerationConfig(
+            max_tokens=32,
+            k=K,
+            draft_mode=mode,
+            sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=1234),
+        )
         first, second = spec.generate(PROMPTS[1], cfg), spec.generate(PROMPTS[1], cfg)
         assert first.token_ids == second.token_ids
         other = spec.generate(PROMPTS[1], GenerationConfig.from_kwargs(cfg, seed=99))
@@ -129,7 +143,10 @@ def test_kv_rollback_matches_fresh_evaluation(target_path) -> None:
     drafts must leave no trace; and (2) with a one-shot evaluation of the kept tokens, within
     batching noise and with the same argmax."""
     rng = np.random.default_rng(7)
-    with LlamaModel(target_path, n_ctx=512) as spec_ctx, LlamaModel(target_path, n_ctx=512) as fresh:
+    with (
+        LlamaModel(target_path, n_ctx=512) as spec_ctx,
+        LlamaModel(target_path, n_ctx=512) as fresh,
+    ):
         prompt = spec_ctx.tokenize(PROMPTS[1])
         spec_ctx.decode(prompt)
         fresh.decode(prompt)
@@ -137,7 +154,9 @@ def test_kv_rollback_matches_fresh_evaluation(target_path) -> None:
             k = int(rng.integers(1, 8))
             batch = rng.integers(100, spec_ctx.n_vocab, size=k + 1).tolist()
             n_keep = int(rng.integers(1, k + 2))  # the target's token plus 0..k accepted
-            other = batch[:n_keep] + rng.integers(100, spec_ctx.n_vocab, size=k + 1 - n_keep).tolist()
+            other = (
+                batch[:n_keep] + rng.integers(100, spec_ctx.n_vocab, size=k + 1 - n_keep).tolist()
+            )
             for ctx, tokens in ((spec_ctx, batch), (fresh, other)):
                 ctx.decode(tokens, range(k + 1))
                 ctx.truncate(ctx.n_past - (k + 1) + n_keep)

@@ -50,5 +50,5 @@ def lookup(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> tu
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tuple(int(t) for t in ids[start:start + k])
+            return tuple(int(t) for t in ids[start : start + k])
     return NO_DRAFT.tokens

@@ -1,0 +1,138 @@
+"""The public API on the real models: streaming, stop conditions, chat, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge_spec import (
+    ContextOverflowError,
+    EdgeSpec,
+    EngineConfig,
+    GenerationConfig,
+    InvalidRequestError,
+    ModelFileError,
+    SamplingParams,
+    VocabMismatchError,
+)
+
+pytestmark = pytest.mark.models
+
+
+def test_stream_deltas_join_to_the_generated_text(spec: EdgeSpec) -> None:
+    for mode in ("model", "ngram", "none"):
+        cfg = GenerationConfig(max_tokens=40, draft_mode=mode)
+        deltas = list(spec.stream("Once upon a time,", cfg))
+        final = deltas[-1]
+        assert final.result is not None and final.finish_reason == "length"
+        assert all(d.result is None and d.finish_reason is None for d in deltas[:-1])
+        assert "".join(d.text for d in deltas) == final.result.text
+        ids = [t for d in deltas for t in d.token_ids]
+        assert tuple(ids) == final.result.token_ids
+        assert final.result.text == spec.generate("Once upon a time,", cfg).text
+
+
+def test_stop_string_ends_generation(spec: EdgeSpec) -> None:
+    free = spec.generate("List the days of the week: Monday, Tuesday,", max_tokens=40)
+    word = free.text.split(",")[2]  # something the model is known to produce
+    assert word.strip()
+    stopped = spec.generate(
+        "List the days of the week: Monday, Tuesday,", max_tokens=40, stop=[word]
+    )
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[: free.text.index(word)]
+    assert word not in stopped.text
+
+
+def test_chat_uses_the_gguf_template_and_ends_at_eos(spec: EdgeSpec) -> None:
+    messages = [{"role": "user", "content": "Say hello in one word."}]
+    prompt = spec.render_chat(messages)
+    assert prompt.startswith("<|im_start|>system") and prompt.endswith("<|im_start|>assistant\n")
+    result = spec.chat(messages, max_tokens=64)
+    assert result.finish_reason == "eos"
+    assert result.text.strip()
+    assert "<|im_end|>" not in result.text
+
+
+def test_max_tokens_zero_and_exact_length(spec: EdgeSpec) -> None:
+    assert spec.generate("Hello", max_tokens=0).token_ids == ()
+    result = spec.generate("Once upon a time,", max_tokens=7, k=4)
+    assert len(result.token_ids) == 7 and result.finish_reason == "length"
+
+
+def test_context_limit_ends_generation(target_path: Path, draft_path: Path) -> None:
+    with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=48)) as small:
+        prompt = "Once upon a time, in a small village by the sea, there lived"
+        n_prompt = len(small.tokenize(prompt))
+        result = small.generate(prompt, max_tokens=500, k=4)
+        assert result.finish_reason == "context"
+        assert n_prompt + len(result.token_ids) == 48 + 1  # the last token is never decoded
+        with pytest.raises(ContextOverflowError):
+            small.generate(prompt * 10, max_tokens=5)
+        # The engine is still usable after the refusal.
+        assert small.generate(prompt, max_tokens=3).finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"temperature": -0.5},
+        {"top_p": 1.5},
+        {"top_p": 0.0},
+        {"top_k": -1},
+        {"min_p": 2.0},
+        {"k": -1},
+        {"max_tokens": -1},
+        {"draft_mode": "telepathy"},
+        {"stop": [""]},
+        {"bogus_option": 1},
+    ],
+)
+def test_invalid_requests_raise_and_leave_the_engine_working(spec: EdgeSpec, options) -> None:
+    with pytest.raises(InvalidRequestError):
+        spec.generate("Hello", **options)
+    assert spec.generate("Hello", max_tokens=2).token_ids
+
+
+def test_invalid_sampling_params_rejected_at_construction() -> None:
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+def test_bad_model_files(tmp_path: Path, target_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="not found"):
+        EdgeSpec(tmp_path / "missing.gguf")
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("this is not a model\n" * 10)
+    with pytest.raises(ModelFileError, match="not a GGUF"):
+        EdgeSpec(not_gguf)
+    truncated = tmp_path / "truncated.gguf"
+    with target_path.open("rb") as src:
+        truncated.write_bytes(src.read(5_000_000))
+    with pytest.raises(ModelFileError, match="could not load"):
+        EdgeSpec(truncated)
+    with pytest.raises(ModelFileError):
+        EdgeSpec("no-such-model-name")
+
+
+def test_vocabulary_mismatch_names_the_first_difference(target_path, gemma_path) -> None:
+    with pytest.raises(VocabMismatchError) as err:
+        EdgeSpec(target_path, gemma_path)
+    assert "target" in str(err.value) and "draft" in str(err.value)
+
+
+def test_model_mode_without_a_draft_is_refused(target_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="draft"):
+        EdgeSpec(target_path, draft_mode="model")
+    with EdgeSpec(target_path, config=EngineConfig(n_ctx=256)) as alone:
+        assert alone.default_draft_mode == "ngram"
+        with pytest.raises(InvalidRequestError, match="draft"):
+            alone.generate("Hello", draft_mode="model")
+
+
+def test_chat_without_template_is_refused(gemma_path: Path) -> None:
+    with EdgeSpec(gemma_path, config=EngineConfig(n_ctx=256)) as gemma:
+        with pytest.raises(InvalidRequestError, match="chat template"):
+            gemma.chat([{"role": "user", "content": "hi"}])
+        assert gemma.generate("The capital of France is", max_tokens=4).token_ids
