@@ -8,6 +8,7 @@ Results are memoized and returned read-only, so a verifier that writes into its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,6 +91,57 @@ class FakeModel:
             )
             self._rows[key] = cached
         return cached
+
+
+def tv_bound(n: int, m: int, false_failure_prob: float = 1e-5) -> float:
+    """A total-variation level that the empirical distribution of n i.i.d. samples over m cells
+    exceeds with probability < false_failure_prob.
+
+    Mean: E[TV] = 0.5 * sum_j E|f_j - p_j| <= 0.5 * sum_j sqrt(p_j (1 - p_j) / n) (Jensen)
+          <= 0.5 * sqrt(m / n) (Cauchy-Schwarz: sum_j sqrt(p_j) <= sqrt(m)).
+    Deviation: replacing one of the n runs moves 1/n of mass between two cells, so TV changes by
+    at most 1/n; McDiarmid gives P(TV >= E[TV] + t) <= exp(-2 n t^2), which equals
+    false_failure_prob at t = sqrt(ln(1 / false_failure_prob) / (2 n)).
+    """
+    mean_bound = 0.5 * math.sqrt(m / n)
+    deviation = math.sqrt(math.log(1.0 / false_failure_prob) / (2.0 * n))
+    return mean_bound + deviation
+
+
+class FakeLlama:
+    """A FakeModel behind the same surface the engine and ModelDraft use on a LlamaModel
+    (tokens, n_past, n_ctx, n_vocab, decode, truncate, sync), so the real decode loop and the real
+    ModelDraft run on it. There is no batching noise: decode's rows equal one-at-a-time logits."""
+
+    def __init__(self, model: FakeModel, n_ctx: int = 256) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_vocab = model.n_vocab
+        self.tokens: list[int] = []
+        self.n_decoded = 0  # tokens ever decoded: shows the KV cache is reused, not recomputed
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], logit_rows: Sequence[int] = ()) -> np.ndarray:
+        assert self.n_past + len(tokens) <= self.n_ctx, "engine overran the context"
+        rows = [self.model.logits(self.tokens + list(tokens[: r + 1])) for r in logit_rows]
+        self.tokens.extend(int(t) for t in tokens)
+        self.n_decoded += len(tokens)
+        return np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def truncate(self, n_keep: int) -> None:
+        assert 0 <= n_keep <= self.n_past
+        del self.tokens[n_keep:]
+
+    def sync(self, tokens: Sequence[int]) -> int:
+        common = 0
+        while common < min(len(tokens), self.n_past) and self.tokens[common] == tokens[common]:
+            common += 1
+        self.truncate(common)
+        self.decode(tokens[common:])
+        return common
 
 
 def make_target(n_vocab: int = N_VOCAB) -> FakeModel:

@@ -34,8 +34,13 @@ def test_generate_json_on_the_default_pair(target_path, draft_path) -> None:
     assert result["stats"]["n_drafted"] > 0 and len(result["token_ids"]) == 24
 
     baseline = edge_spec(
-        "generate", "The three primary colors are", "--max-tokens", "24", "--json",
-        "--draft-mode", "none",
+        "generate",
+        "The three primary colors are",
+        "--max-tokens",
+        "24",
+        "--json",
+        "--draft-mode",
+        "none",
     )
     alone = json.loads(baseline.stdout)
     assert alone["draft"] is None and alone["stats"]["n_drafted"] == 0
@@ -43,8 +48,14 @@ def test_generate_json_on_the_default_pair(target_path, draft_path) -> None:
 
 
 def test_generate_prints_text_and_stats() -> None:
-    out = edge_spec("generate", "--draft-mode", "ngram", "--max-tokens", "16",
-                    "Repeat: one two three. Repeat: one two")
+    out = edge_spec(
+        "generate",
+        "--draft-mode",
+        "ngram",
+        "--max-tokens",
+        "16",
+        "Repeat: one two three. Repeat: one two",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
     assert "accepted" in out.stderr and "tokens/s" in out.stderr
@@ -73,8 +84,9 @@ def test_bad_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
 
 
 def test_bad_files_exit_2_with_one_line(tmp_path: Path, target_path, gemma_path) -> None:
-    _assert_user_error(edge_spec("generate", "Hi", "--target", str(tmp_path / "x.gguf")),
-                       "not found")
+    _assert_user_error(
+        edge_spec("generate", "Hi", "--target", str(tmp_path / "x.gguf")), "not found"
+    )
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"\x00" * 4096)
     _assert_user_error(edge_spec("generate", "Hi", "--target", str(junk)), "not a GGUF")

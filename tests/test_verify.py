@@ -7,12 +7,11 @@ wrong verifiers must fail the same check.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-from fake_model import N_VOCAB, FakeModel, make_draft, make_target
+from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
 
 from edge_spec.sampling import SamplingParams, argmax, make_rng, sample
 from edge_spec.verify import Verdict, verify_greedy, verify_rejection
@@ -160,23 +159,6 @@ def test_rejection_same_seed_same_verdicts() -> None:
 
 PREFIX = (1, 2, 3)
 N_RUNS = 50_000
-# Chance that a correct verifier fails one case: the McDiarmid term below is sized for it.
-FALSE_FAILURE_PROB = 1e-5
-
-
-def tv_bound(n: int, m: int, false_failure_prob: float = FALSE_FAILURE_PROB) -> float:
-    """A total-variation level that the empirical distribution of n i.i.d. samples over m cells
-    exceeds with probability < false_failure_prob.
-
-    Mean: E[TV] = 0.5 * sum_j E|f_j - p_j| <= 0.5 * sum_j sqrt(p_j (1 - p_j) / n) (Jensen)
-          <= 0.5 * sqrt(m / n) (Cauchy-Schwarz: sum_j sqrt(p_j) <= sqrt(m)).
-    Deviation: replacing one of the n runs moves 1/n of mass between two cells, so TV changes by
-    at most 1/n; McDiarmid gives P(TV >= E[TV] + t) <= exp(-2 n t^2), which equals
-    false_failure_prob at t = sqrt(ln(1 / false_failure_prob) / (2 n)).
-    """
-    mean_bound = 0.5 * math.sqrt(m / n)
-    deviation = math.sqrt(math.log(1.0 / false_failure_prob) / (2.0 * n))
-    return mean_bound + deviation
 
 
 def _speculative_step(

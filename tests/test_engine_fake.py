@@ -1,0 +1,118 @@
+"""The real decode loop (engine.run_steps) and the real ModelDraft / NgramDraft, on scripted fake
+models: greedy output equals the target's own greedy decoding exactly (a fake has no batching
+noise), and sampled output follows the target's distribution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_model import N_VOCAB, FakeLlama, make_draft, make_target, tv_bound
+
+from edge_spec.drafts import ModelDraft, NgramDraft, NoDraft
+from edge_spec.engine import Prefill, Step, run_steps
+from edge_spec.sampling import SamplingParams, argmax
+
+PREFIX = [1, 2, 3]
+
+
+def generate(source, target: FakeLlama, prompt, k, max_tokens, sampling) -> list[int]:
+    out: list[int] = []
+    for event in run_steps(target, source, prompt, k=k, max_tokens=max_tokens, sampling=sampling):
+        if isinstance(event, Step):
+            assert 1 <= len(event.tokens) <= event.n_drafted + 1
+            assert event.n_accepted <= event.n_drafted <= k
+            out.extend(event.tokens)
+    return out
+
+
+def greedy_reference(prompt: list[int], n: int) -> list[int]:
+    model = make_target()
+    out: list[int] = []
+    for _ in range(n):
+        out.append(argmax(model.logits(prompt + out)))
+    return out
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 4, 7])
+@pytest.mark.parametrize("mode", ["model", "ngram", "none"])
+def test_greedy_equals_target_alone_exactly(k: int, mode: str) -> None:
+    target = FakeLlama(make_target())
+    draft_llama = FakeLlama(make_draft(target.model))
+    source = {"model": ModelDraft(draft_llama), "ngram": NgramDraft(), "none": NoDraft()}[mode]
+    for prompt in (PREFIX, [4, 0, 4, 0, 4, 0, 4], [2]):
+        got = generate(source, target, prompt, k, 40, SamplingParams())
+        assert got == greedy_reference(prompt, 40)
+        # Invariant between requests: the target's KV holds context[:-1].
+        assert target.tokens == (prompt + got)[:-1]
+
+
+def test_model_draft_reuses_its_cache() -> None:
+    target = FakeLlama(make_target())
+    draft_llama = FakeLlama(make_draft(target.model))
+    out = generate(ModelDraft(draft_llama), target, PREFIX, 4, 60, SamplingParams())
+    # Re-decoding only what changed: about one draft decode per drafted token plus the
+    # corrections, far below re-decoding the whole context each step.
+    assert draft_llama.n_decoded < 3 * len(out)
+
+
+def test_max_tokens_and_context_limits_are_respected() -> None:
+    target = FakeLlama(make_target(), n_ctx=20)
+    draft_llama = FakeLlama(make_draft(target.model), n_ctx=20)
+    out = generate(ModelDraft(draft_llama), target, PREFIX, 5, 1000, SamplingParams())
+    assert len(PREFIX) + len(out) == 20 + 1  # FakeLlama asserts no decode overran n_ctx
+    for n in range(0, 9):
+        target.tokens.clear()
+        assert len(generate(NgramDraft(), target, PREFIX, 3, n, SamplingParams())) == n
+
+
+def test_prefill_reports_reused_prompt_cache() -> None:
+    target = FakeLlama(make_target())
+    events = list(
+        run_steps(target, NoDraft(), PREFIX + [0, 1], k=0, max_tokens=1, sampling=SamplingParams())
+    )
+    events = list(
+        run_steps(target, NoDraft(), PREFIX + [0, 2], k=0, max_tokens=1, sampling=SamplingParams())
+    )
+    assert isinstance(events[0], Prefill) and events[0].n_cached == 4
+
+
+N_RUNS = 50_000
+
+
+@pytest.mark.parametrize(
+    ("mode", "params"),
+    [
+        ("model", SamplingParams(temperature=1.0, seed=11)),
+        ("model", SamplingParams(temperature=0.7, top_k=4, top_p=0.9, seed=12)),
+        ("ngram", SamplingParams(temperature=0.8, seed=13)),
+    ],
+)
+def test_sampled_output_follows_the_target_through_the_engine(mode: str, params) -> None:
+    """The first two tokens of N_RUNS generations through run_steps, against the exact target
+    joint distribution; the bound is derived in fake_model.tv_bound."""
+    target_model = make_target()
+    target = FakeLlama(target_model)
+    draft_llama = FakeLlama(make_draft(target_model))
+    source = ModelDraft(draft_llama) if mode == "model" else NgramDraft(max_ngram=2)
+    prompt = [1, 2, 1, 2, 1]  # repetitive, so the n-gram source does propose
+    rng_seeds = np.random.default_rng(params.seed).integers(0, 2**62, size=N_RUNS)
+    cells = np.empty(N_RUNS, dtype=np.int64)
+    n_drafted = 0
+    for run, seed in enumerate(rng_seeds):
+        out: list[int] = []
+        sampling = SamplingParams(
+            params.temperature, params.top_k, params.top_p, params.min_p, seed=int(seed)
+        )
+        for event in run_steps(target, source, prompt, k=2, max_tokens=3, sampling=sampling):
+            if isinstance(event, Step):
+                out.extend(event.tokens)
+                n_drafted += event.n_drafted
+        cells[run] = out[0] * N_VOCAB + out[1]
+    empirical = np.bincount(cells, minlength=N_VOCAB**2) / N_RUNS
+    p_first = target_model.probs(prompt, params)
+    exact = np.concatenate(
+        [p_first[x] * target_model.probs(prompt + [x], params) for x in range(N_VOCAB)]
+    )
+    tv = 0.5 * float(np.abs(empirical - exact).sum())
+    assert n_drafted > N_RUNS // 2  # speculation really happened
+    assert tv < tv_bound(N_RUNS, N_VOCAB**2), tv
