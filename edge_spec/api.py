@@ -40,6 +40,24 @@ class EngineConfig:
     ngram_min: int = 1
     p_min: float = 0.0  # stop model drafting below this draft confidence (0: always draft k)
 
+    def __post_init__(self) -> None:
+        checks = [
+            (self.n_ctx >= 16, f"n_ctx must be >= 16, got {self.n_ctx}"),
+            (self.n_batch >= 1, f"n_batch must be >= 1, got {self.n_batch}"),
+            (
+                self.n_threads is None or self.n_threads >= 1,
+                f"n_threads must be >= 1, got {self.n_threads}",
+            ),
+            (
+                1 <= self.ngram_min <= self.ngram_max,
+                f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}",
+            ),
+            (0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequestError(message)
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -64,8 +82,8 @@ class GenerationConfig:
             raise InvalidRequestError(
                 f"draft_mode must be one of {', '.join(DRAFT_MODES)}, got {self.draft_mode!r}"
             )
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
+        if self.stop is None or isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,) if self.stop else ())
         if not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings")
 
@@ -81,9 +99,9 @@ class GenerationConfig:
             raise InvalidRequestError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         flat = {key: kwargs.pop(key) for key in list(kwargs) if key in sampling_names}
         sampling = replace(kwargs.pop("sampling", base.sampling), **flat)
-        if "stop" in kwargs and kwargs["stop"] is not None:
-            stop = kwargs["stop"]
-            kwargs["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        stop = kwargs.get("stop")
+        if stop is not None and not isinstance(stop, str):
+            kwargs["stop"] = tuple(stop)
         return replace(base, sampling=sampling, **kwargs)
 
 

@@ -75,7 +75,7 @@ def run_steps(
     n_out = 0
     while n_out < max_tokens and len(context) <= target.n_ctx:
         # The batch [last, d_1..d_k] lands at positions len-1 .. len-1+k, all < n_ctx.
-        k_step = min(k, target.n_ctx - len(context), max_tokens - n_out - 1)
+        k_step = min(k, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
         t0 = time.perf_counter()
         draft = source.propose(context, k_step, sampling, rng)
         t1 = time.perf_counter()

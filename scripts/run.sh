@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 scripts/bootstrap.py
 if [ "$#" -eq 0 ]; then
-    set -- --chat "Explain in three sentences why the sky is blue."
+    set -- "The water cycle, explained for a school textbook. Water evaporates from the oceans,"
 fi
 exec .venv/bin/edge-spec generate --max-tokens 128 "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,23 +31,37 @@ def _model(name: str) -> Path:
     return resolve(name, progress=False)
 
 
+def _pair() -> tuple[str, str]:
+    """The manifest's default pair, or the pair named by EDGE_SPEC_TEST_PAIR."""
+    from edge_spec.models import default_pair, list_pairs
+
+    name = os.environ.get("EDGE_SPEC_TEST_PAIR")
+    if not name:
+        return default_pair()
+    pair = list_pairs()[name]
+    return pair.target, pair.draft
+
+
 @pytest.fixture(scope="session")
 def target_path() -> Path:
-    from edge_spec.models import default_pair
-
-    return _model(default_pair()[0])
+    return _model(_pair()[0])
 
 
 @pytest.fixture(scope="session")
 def draft_path() -> Path:
-    from edge_spec.models import default_pair
-
-    return _model(default_pair()[1])
+    return _model(_pair()[1])
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
+    """A Gemma-3 model: a vocabulary unlike SmolLM2's, and no chat template."""
     return _model("gemma3-270m-q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """A SmolLM2 model: ChatML chat template, a vocabulary unlike Gemma's."""
+    return _model("smollm2-135m-f16")
 
 
 @pytest.fixture(scope="session")

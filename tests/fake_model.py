@@ -116,6 +116,7 @@ class FakeLlama:
     def __init__(self, model: FakeModel, n_ctx: int = 256) -> None:
         self.model = model
         self.n_ctx = n_ctx
+        self.n_batch = n_ctx
         self.n_vocab = model.n_vocab
         self.tokens: list[int] = []
         self.n_decoded = 0  # tokens ever decoded: shows the KV cache is reused, not recomputed

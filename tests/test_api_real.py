@@ -45,14 +45,18 @@ def test_stop_string_ends_generation(spec: EdgeSpec) -> None:
     assert word not in stopped.text
 
 
-def test_chat_uses_the_gguf_template_and_ends_at_eos(spec: EdgeSpec) -> None:
+def test_chat_uses_the_gguf_template_and_ends_at_eos(smollm2_path: Path) -> None:
     messages = [{"role": "user", "content": "Say hello in one word."}]
-    prompt = spec.render_chat(messages)
-    assert prompt.startswith("<|im_start|>system") and prompt.endswith("<|im_start|>assistant\n")
-    result = spec.chat(messages, max_tokens=64)
-    assert result.finish_reason == "eos"
-    assert result.text.strip()
-    assert "<|im_end|>" not in result.text
+    with EdgeSpec(smollm2_path, draft_mode="ngram", config=EngineConfig(n_ctx=512)) as chat:
+        prompt = chat.render_chat(messages)
+        assert prompt.startswith("<|im_start|>system")
+        assert prompt.endswith("<|im_start|>assistant\n")
+        result = chat.chat(messages, max_tokens=64)
+        assert result.finish_reason == "eos"
+        assert result.text.strip()
+        assert "<|im_end|>" not in result.text
+        streamed = "".join(d.text for d in chat.stream_chat(messages, max_tokens=64))
+        assert streamed == result.text
 
 
 def test_max_tokens_zero_and_exact_length(spec: EdgeSpec) -> None:
@@ -116,10 +120,11 @@ def test_bad_model_files(tmp_path: Path, target_path: Path) -> None:
         EdgeSpec("no-such-model-name")
 
 
-def test_vocabulary_mismatch_names_the_first_difference(target_path, gemma_path) -> None:
-    with pytest.raises(VocabMismatchError) as err:
-        EdgeSpec(target_path, gemma_path)
-    assert "target" in str(err.value) and "draft" in str(err.value)
+def test_vocabulary_mismatch_names_the_first_difference(smollm2_path, gemma_path) -> None:
+    for target, draft in ((smollm2_path, gemma_path), (gemma_path, smollm2_path)):
+        with pytest.raises(VocabMismatchError) as err:
+            EdgeSpec(target, draft)
+        assert target.name in str(err.value) and draft.name in str(err.value)
 
 
 def test_model_mode_without_a_draft_is_refused(target_path: Path) -> None:

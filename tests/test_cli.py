@@ -77,13 +77,17 @@ def _assert_user_error(out: subprocess.CompletedProcess[str], needle: str) -> No
         (["--max-tokens", "-1"], "max_tokens"),
         (["--draft-mode", "psychic"], "invalid choice"),
         (["--k", "four"], "invalid int"),
+        (["--threads", "0"], "n_threads"),
+        (["--ctx-size", "4"], "n_ctx"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
     _assert_user_error(edge_spec("generate", "Hello", *args), needle)
 
 
-def test_bad_files_exit_2_with_one_line(tmp_path: Path, target_path, gemma_path) -> None:
+def test_bad_files_exit_2_with_one_line(
+    tmp_path: Path, target_path, smollm2_path, gemma_path
+) -> None:
     _assert_user_error(
         edge_spec("generate", "Hi", "--target", str(tmp_path / "x.gguf")), "not found"
     )
@@ -95,7 +99,7 @@ def test_bad_files_exit_2_with_one_line(tmp_path: Path, target_path, gemma_path)
         truncated.write_bytes(f.read(3_000_000))
     _assert_user_error(edge_spec("generate", "Hi", "--target", str(truncated)), "could not load")
     _assert_user_error(
-        edge_spec("generate", "Hi", "--target", str(target_path), "--draft", str(gemma_path)),
+        edge_spec("generate", "Hi", "--target", str(smollm2_path), "--draft", str(gemma_path)),
         "differ",
     )
 

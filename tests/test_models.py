@@ -271,7 +271,7 @@ def test_concurrent_prepare_waits_for_the_lock(fake_world: FakeWorld) -> None:
                 waiting.set()
 
     handler = OnWait()
-    logger = logging.getLogger("edge_spec.models")
+    logger = logging.getLogger("edge_spec.files")
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.INFO)
