@@ -133,9 +133,10 @@ def _read_prompt(args: argparse.Namespace) -> str:
             ) from exc
     if args.prompt is not None:
         return str(args.prompt)
-    if sys.stdin.isatty():
+    text = "" if sys.stdin.isatty() else sys.stdin.read()
+    if not text:
         raise InvalidRequestError("no prompt: pass one as an argument, --prompt-file or stdin")
-    return sys.stdin.read()
+    return text
 
 
 def _summary(result: object) -> str:

@@ -113,3 +113,7 @@ def test_models_list() -> None:
     out = edge_spec("models", "list")
     assert out.returncode == 0, out.stderr
     assert "smollm2-135m-f16" in out.stdout and "default target" in out.stdout
+
+
+def test_missing_prompt_exits_2() -> None:
+    _assert_user_error(edge_spec("generate", "--draft-mode", "none"), "no prompt")
