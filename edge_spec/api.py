@@ -16,6 +16,8 @@ from .chat import render_chat
 from .drafts import DraftSource, ModelDraft, NgramDraft, NoDraft
 from .engine import Prefill, Step, run_steps
 from .errors import InvalidRequestError
+from .placement import plan_placement
+from .policy import CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
 from .stats import GenerationStats, StatsCollector
 from .text import TextAssembler
@@ -23,8 +25,11 @@ from .vocab import check_compatible
 
 log = logging.getLogger(__name__)
 
-DraftMode = Literal["model", "ngram", "none"]
-DRAFT_MODES: tuple[str, ...] = ("model", "ngram", "none")
+# auto: per step, the cost-model policy chooses among the model draft, n-gram lookup and none.
+DraftMode = Literal["auto", "model", "ngram", "none"]
+DRAFT_MODES: tuple[str, ...] = ("auto", "model", "ngram", "none")
+PolicyName = Literal["fixed", "heuristic", "cost"]
+POLICIES: tuple[str, ...] = ("fixed", "heuristic", "cost")
 FinishReason = Literal["stop", "eos", "length", "context"]
 
 
@@ -35,10 +40,10 @@ class EngineConfig:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
-    n_gpu_layers: int = -1  # all layers where GPU offload exists; ignored on CPU builds
+    n_gpu_layers: int = -1  # -1: as planned (all where they fit); ignored on CPU builds
+    mem_budget_bytes: int | None = None  # RAM the pair may use; None: what is free now
     ngram_max: int = 3
     ngram_min: int = 1
-    p_min: float = 0.0  # stop model drafting below this draft confidence (0: always draft k)
 
     def __post_init__(self) -> None:
         checks = [
@@ -52,7 +57,6 @@ class EngineConfig:
                 1 <= self.ngram_min <= self.ngram_max,
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}",
             ),
-            (0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -64,8 +68,10 @@ class GenerationConfig:
     """One request. `sampling.temperature == 0` is greedy (exact), > 0 rejection sampling."""
 
     max_tokens: int = 128
-    k: int = 4
+    k: int = 4  # the fixed policy's draft length (the heuristic's starting point)
+    k_max: int = 8  # the adaptive policies' cap
     draft_mode: DraftMode | None = None  # None: the EdgeSpec's default
+    policy: PolicyName | None = None  # None: "cost" for auto, "fixed" otherwise
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -76,8 +82,14 @@ class GenerationConfig:
             raise InvalidRequestError(f"max_tokens must be >= 0, got {self.max_tokens}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
             raise InvalidRequestError(f"k must be an integer >= 0, got {self.k!r}")
-        if self.k > 64:
-            raise InvalidRequestError(f"k must be <= 64, got {self.k}")
+        if isinstance(self.k_max, bool) or not isinstance(self.k_max, int) or self.k_max < 0:
+            raise InvalidRequestError(f"k_max must be an integer >= 0, got {self.k_max!r}")
+        if max(self.k, self.k_max) > 64:
+            raise InvalidRequestError(f"k and k_max must be <= 64, got {self.k}, {self.k_max}")
+        if self.policy is not None and self.policy not in POLICIES:
+            raise InvalidRequestError(
+                f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
+            )
         if self.draft_mode is not None and self.draft_mode not in DRAFT_MODES:
             raise InvalidRequestError(
                 f"draft_mode must be one of {', '.join(DRAFT_MODES)}, got {self.draft_mode!r}"
@@ -114,6 +126,7 @@ class GenerationResult:
     target: str  # path of the target GGUF
     draft: str | None  # path of the draft GGUF, None when no model drafted
     draft_mode: DraftMode
+    policy: str
     k: int
     stats: GenerationStats
 
@@ -126,6 +139,7 @@ class GenerationResult:
             "target": self.target,
             "draft": self.draft,
             "draft_mode": self.draft_mode,
+            "policy": self.policy,
             "k": self.k,
             "stats": self.stats.to_dict(),
         }
@@ -157,13 +171,21 @@ class EdgeSpec:
         self.config = config or EngineConfig()
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
-        mode = draft_mode or ("model" if self.draft_path else "ngram")
+        mode = draft_mode or "auto"
         if mode not in DRAFT_MODES:
             raise InvalidRequestError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}")
         if mode == "model" and self.draft_path is None:
             raise InvalidRequestError("draft_mode 'model' needs a draft model")
         self.default_draft_mode: DraftMode = mode
         cfg = self.config
+        # Refuse before loading anything if the pair and its KV cannot fit in the budget.
+        self.placement = plan_placement(
+            self.target_path,
+            self.draft_path,
+            n_ctx=cfg.n_ctx,
+            ram_budget_bytes=cfg.mem_budget_bytes,
+        )
+        log.info("placement: %s", self.placement.describe())
         self.target = LlamaModel(
             self.target_path,
             n_ctx=cfg.n_ctx,
@@ -191,7 +213,9 @@ class EdgeSpec:
                 self.target.close()
                 raise
             self.draft = draft_model
-            self._sources["model"] = ModelDraft(draft_model, p_min=cfg.p_min)
+            self._sources["model"] = ModelDraft(draft_model)
+        self._policies: dict[tuple[object, ...], KPolicy] = {}
+        self._costs: CostCurve | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -257,7 +281,7 @@ class EdgeSpec:
             else (config or GenerationConfig())
         )
         mode: DraftMode = cfg.draft_mode or self.default_draft_mode
-        if mode not in self._sources:
+        if mode == "model" and "model" not in self._sources:
             raise InvalidRequestError(f"draft_mode {mode!r} needs a draft model; none is loaded")
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
@@ -270,6 +294,7 @@ class EdgeSpec:
         self, prompt_ids: list[int], cfg: GenerationConfig, mode: DraftMode
     ) -> Iterator[TextDelta]:
         with self._lock:
+            sources, policy = self._plan_for(mode, cfg)  # may profile the device: not timed
             t_start = time.perf_counter()
             stats = StatsCollector()
             text = TextAssembler(cfg.stop)
@@ -278,9 +303,10 @@ class EdgeSpec:
             finish: FinishReason | None = None
             steps = run_steps(
                 self.target,
-                self._sources[mode],
+                sources,
+                policy,
                 prompt_ids,
-                k=cfg.k,
+                k_max=max(cfg.k, cfg.k_max),
                 max_tokens=cfg.max_tokens,
                 sampling=cfg.sampling,
             )
@@ -307,12 +333,51 @@ class EdgeSpec:
                 token_ids=tuple(token_ids),
                 prompt_token_ids=tuple(prompt_ids),
                 target=str(self.target_path),
-                draft=str(self.draft_path) if mode == "model" else None,
+                draft=str(self.draft_path) if "model" in sources else None,
                 draft_mode=mode,
+                policy=policy.name,
                 k=cfg.k,
                 stats=stats.result(len(prompt_ids), len(token_ids), time.perf_counter() - t_start),
             )
             yield TextDelta(tail, tuple(new_ids), finish, result)
+
+    def _plan_for(
+        self, mode: DraftMode, cfg: GenerationConfig
+    ) -> tuple[dict[SourceName, DraftSource], KPolicy]:
+        """The draft sources a mode allows and the k policy that chooses among them. Policies
+        are kept per (mode, policy, k, k_max), so what they learn carries over between requests."""
+        names: tuple[SourceName, ...] = {
+            "auto": ("model", "ngram", "none"),
+            "model": ("model", "none"),
+            "ngram": ("ngram", "none"),
+            "none": ("none",),
+        }[mode]
+        sources = {name: self._sources[name] for name in names if name in self._sources}
+        policy_name = cfg.policy or ("cost" if mode == "auto" else "fixed")
+        if mode == "none":
+            policy_name = "fixed"
+        key = (mode, policy_name, cfg.k, cfg.k_max)
+        if key not in self._policies:
+            costs = self.cost_curve() if policy_name == "cost" else None
+            k = cfg.k if mode != "none" else 0
+            self._policies[key] = make_policy(policy_name, costs, k=k, k_max=max(k, cfg.k_max))
+        return sources, self._policies[key]
+
+    def cost_curve(self) -> CostCurve:
+        """This device's measured costs for the loaded pair: the cached profile, or a quick
+        profile measured now (the first time a pair is used on a machine)."""
+        if self._costs is None:
+            from .device import load_or_profile
+
+            profile = load_or_profile(
+                self.target_path,
+                self.draft_path,
+                n_threads=self.target.n_threads,
+                n_gpu_layers=self.config.n_gpu_layers,
+                quick=True,
+            )
+            self._costs = profile.cost_curve()
+        return self._costs
 
     def _take(
         self, step: Step, n_before: int, text: TextAssembler, max_tokens: int

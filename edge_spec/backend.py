@@ -11,7 +11,6 @@ import collections
 import ctypes
 import logging
 import os
-import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,12 +20,11 @@ import llama_cpp
 import numpy as np
 
 from .errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
+from .gguf import check_gguf_file
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("edge_spec.llama_cpp")
 
-GGUF_MAGIC = b"GGUF"
-GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
 
 # ggml log levels: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. Everything goes to debug
 # logging (load chatter, expected quantizer fallbacks); errors are also kept so that the exception
@@ -79,24 +77,6 @@ def supports_gpu_offload() -> bool:
 
 def llama_cpp_version() -> str:
     return str(getattr(llama_cpp, "__version__", "unknown"))
-
-
-def check_gguf_file(path: Path) -> int:
-    """Requires nothing; returns the file size in bytes, or raises ModelFileError saying why the
-    file cannot be a loadable GGUF (missing, a directory, too short, wrong magic)."""
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
-    if not path.is_file():
-        raise ModelFileError(f"model path is not a file: {path}")
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(GGUF_MIN_BYTES)
-    if len(head) < GGUF_MIN_BYTES or head[:4] != GGUF_MAGIC:
-        raise ModelFileError(f"not a GGUF file (bad magic or too short): {path}")
-    (version,) = struct.unpack_from("<I", head, 4)
-    if version not in (2, 3):
-        raise ModelFileError(f"unsupported GGUF version {version}: {path}")
-    return size
 
 
 def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:

@@ -36,8 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
     gen.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
-    gen.add_argument("--draft-mode", choices=("model", "ngram", "none"), default="model")
-    gen.add_argument("--k", type=int, default=4, help="draft length per step")
+    gen.add_argument(
+        "--draft-mode",
+        choices=("auto", "model", "ngram", "none"),
+        default="auto",
+        help="auto: per step the policy picks the model draft, n-gram lookup or none (default)",
+    )
+    gen.add_argument(
+        "--policy",
+        choices=("fixed", "heuristic", "cost"),
+        default=None,
+        help="how k is chosen (default: cost for auto, fixed otherwise)",
+    )
+    gen.add_argument("--k", type=int, default=4, help="draft length for the fixed policy")
+    gen.add_argument("--k-max", type=int, default=8, help="cap for the adaptive policies")
     gen.add_argument("--max-tokens", "-n", type=int, default=128)
     gen.add_argument("--temperature", "--temp", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -47,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--ctx-size", "-c", type=int, default=4096)
     gen.add_argument("--threads", "-t", type=int, default=None)
+    gen.add_argument(
+        "--mem-budget", default=None, help="RAM the models may use, e.g. 2G (default: free RAM)"
+    )
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
     models = sub.add_parser("models", help="list or prepare the registry models")
@@ -79,15 +94,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from .api import EdgeSpec, EngineConfig, GenerationConfig
     from .models import default_pair
+    from .placement import parse_size
     from .sampling import SamplingParams
 
     prompt = _read_prompt(args)
     default_target, default_draft = default_pair()
     # --draft is ignored by the draft-free modes, so one command line switches between them.
-    draft = (args.draft or default_draft) if args.draft_mode == "model" else None
+    draft = (args.draft or default_draft) if args.draft_mode in ("model", "auto") else None
     config = GenerationConfig(
         max_tokens=args.max_tokens,
         k=args.k,
+        k_max=args.k_max,
+        policy=args.policy,
         stop=tuple(args.stop),
         sampling=SamplingParams(
             temperature=args.temperature,
@@ -97,7 +115,11 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed,
         ),
     )
-    engine_config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
+    engine_config = EngineConfig(
+        n_ctx=args.ctx_size,
+        n_threads=args.threads,
+        mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
+    )
     with EdgeSpec(
         args.target or default_target, draft, draft_mode=args.draft_mode, config=engine_config
     ) as spec:
@@ -145,15 +167,18 @@ def _summary(result: object) -> str:
     assert isinstance(result, GenerationResult)
     s = result.stats
     per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_per_position) or "-"
+    sources = ", ".join(f"{name} {n}" for name, n in sorted(s.steps_by_source.items()))
     return "\n".join(
         [
-            f"--- {result.draft_mode} draft, k={result.k}, finish: {result.finish_reason}",
+            f"--- {result.draft_mode} draft, {result.policy} policy, "
+            f"finish: {result.finish_reason}",
             f"target {result.target}",
             f"draft  {result.draft or '-'}",
             f"tokens: {s.n_prompt_tokens} prompt, {s.n_generated} generated in {s.n_steps} steps "
             f"({s.tokens_per_step:.2f} per target pass)",
             f"drafted {s.n_drafted}, accepted {s.n_accepted} "
             f"(rate {s.acceptance_rate:.2f}; per position {per_pos})",
+            f"steps by source: {sources}; k chosen (k=0,1,..): {list(s.k_chosen)}",
             f"speed: {s.tokens_per_s:.1f} tokens/s, "
             f"first token {s.time_to_first_token_s * 1e3:.0f} ms",
             f"time: prefill {s.prefill_s:.3f}s, draft {s.draft_s:.3f}s, verify {s.verify_s:.3f}s, "

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .backend import LlamaModel
-from .drafts import Draft, DraftSource
+from .drafts import NO_DRAFT, Draft, DraftSource, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
+from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
 from .sampling import SamplingParams, make_rng, probs_from_logits
 from .verify import Verdict, verify_greedy, verify_rejection
 
@@ -26,9 +27,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Step:
     """What one speculative step produced: the new tokens (accepted draft tokens, then one
-    token chosen by the target) and where the time went."""
+    token chosen by the target), which source drafted, the k the policy planned, and where the
+    time went."""
 
     tokens: tuple[int, ...]
+    source: SourceName
+    k_planned: int
     n_drafted: int
     n_accepted: int
     draft_s: float
@@ -44,50 +48,96 @@ class Prefill:
 
 def run_steps(
     target: LlamaModel,
-    source: DraftSource,
+    sources: Mapping[SourceName, DraftSource],
+    policy: KPolicy,
     prompt: Sequence[int],
     *,
-    k: int,
+    k_max: int,
     max_tokens: int,
     sampling: SamplingParams,
 ) -> Iterator[Prefill | Step]:
     """Yields one Prefill, then Steps until max_tokens tokens were produced or the context is
     full (the caller stops earlier at EOS or a stop string by closing the generator).
 
-    Requires a non-empty prompt that fits in the target's context, k >= 0, max_tokens >= 0.
+    Requires a non-empty prompt that fits in the target's context, k_max >= 0, max_tokens >= 0,
+    and "none" among the sources; the policy picks a source and k <= k_max for every step.
     """
     if not prompt:
         raise InvalidRequestError("the prompt is empty")
-    if k < 0:
-        raise InvalidRequestError(f"k must be >= 0, got {k}")
+    if k_max < 0:
+        raise InvalidRequestError(f"k must be >= 0, got {k_max}")
     if len(prompt) > target.n_ctx:
         raise ContextOverflowError(
             f"prompt of {len(prompt)} tokens does not fit in the context of {target.n_ctx}"
         )
     rng = make_rng(sampling.seed)
     context = list(prompt)
+    names = tuple(sources)
+    ngram = sources.get("ngram")
 
     t0 = time.perf_counter()
     cached = target.sync(context[:-1])
-    source.begin(context)
+    for source in sources.values():
+        source.begin(context)
+    policy.begin()
     yield Prefill(len(prompt), cached, time.perf_counter() - t0)
 
     n_out = 0
     while n_out < max_tokens and len(context) <= target.n_ctx:
         # The batch [last, d_1..d_k] lands at positions len-1 .. len-1+k, all < n_ctx.
-        k_step = min(k, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
+        k_cap = min(k_max, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
         t0 = time.perf_counter()
-        draft = source.propose(context, k_step, sampling, rng)
+        candidate = ngram.candidate(context, k_cap) if isinstance(ngram, NgramDraft) else None
+        plan = policy.plan(names, k_cap, candidate)
+        draft = _propose(plan, sources, candidate, context, sampling, rng, policy)
         t1 = time.perf_counter()
         batch = [context[-1], *draft.tokens]
         logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
         verdict = _verify(draft, logits, sampling, rng)
         target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
-        source.accept(verdict.n_accepted)
         context.extend(verdict.tokens)
         n_out += len(verdict.tokens)
         t2 = time.perf_counter()
-        yield Step(verdict.tokens, len(draft.tokens), verdict.n_accepted, t1 - t0, t2 - t1)
+        match_len = candidate.match_len if candidate and plan.source == "ngram" else 0
+        policy.update(
+            StepOutcome(
+                plan.source,
+                len(draft.tokens),
+                verdict.n_accepted,
+                draft.confidences,
+                match_len,
+                t1 - t0,
+                t2 - t1,
+                tokens=verdict.tokens,
+            )
+        )
+        yield Step(
+            verdict.tokens,
+            plan.source,
+            plan.k,
+            len(draft.tokens),
+            verdict.n_accepted,
+            t1 - t0,
+            t2 - t1,
+        )
+
+
+def _propose(
+    plan: StepPlan,
+    sources: Mapping[SourceName, DraftSource],
+    candidate: NgramCandidate | None,
+    context: list[int],
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    policy: KPolicy,
+) -> Draft:
+    """The plan's draft: nothing, the n-gram candidate's head, or a model draft that the policy
+    may stop early."""
+    if plan.k == 0 or plan.source == "none":
+        return NO_DRAFT
+    if plan.source == "ngram" and candidate is not None:
+        return Draft(candidate.tokens[: plan.k])
+    return sources[plan.source].propose(context, plan.k, sampling, rng, policy.keep_drafting)
 
 
 def _verify(

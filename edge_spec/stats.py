@@ -26,6 +26,8 @@ class GenerationStats:
     drafted_per_position: tuple[int, ...]  # how often draft position i was proposed
     accepted_per_position: tuple[int, ...]  # how often draft position i was accepted
     acceptance_per_position: tuple[float, ...]  # their ratio
+    steps_by_source: dict[str, int]  # which source drafted each step ("none": a plain step)
+    k_chosen: tuple[int, ...]  # histogram: how many steps the policy planned k = 0, 1, 2, ...
     tokens_per_s: float
     time_to_first_token_s: float
     prefill_s: float
@@ -56,6 +58,8 @@ class StatsCollector:
         self.n_steps = 0
         self.drafted: list[int] = []
         self.accepted: list[int] = []
+        self.steps_by_source: dict[str, int] = {}
+        self.k_chosen: list[int] = []
 
     def prefill(self, event: Prefill) -> None:
         self.n_cached = event.n_cached
@@ -67,6 +71,9 @@ class StatsCollector:
         self.n_steps += 1
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
+        self.steps_by_source[event.source] = self.steps_by_source.get(event.source, 0) + 1
+        self.k_chosen += [0] * max(event.k_planned + 1 - len(self.k_chosen), 0)
+        self.k_chosen[event.k_planned] += 1
         grow = max(event.n_drafted - len(self.drafted), 0)
         self.drafted += [0] * grow
         self.accepted += [0] * grow
@@ -94,6 +101,8 @@ class StatsCollector:
             acceptance_per_position=tuple(
                 a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)
             ),
+            steps_by_source=dict(self.steps_by_source),
+            k_chosen=tuple(self.k_chosen),
             tokens_per_s=n_generated / decode_s,
             time_to_first_token_s=self._first_token_s or total_s,
             prefill_s=self.prefill_s,

@@ -113,8 +113,12 @@ def test_bad_model_files(tmp_path: Path, target_path: Path) -> None:
         EdgeSpec(not_gguf)
     truncated = tmp_path / "truncated.gguf"
     with target_path.open("rb") as src:
-        truncated.write_bytes(src.read(5_000_000))
-    with pytest.raises(ModelFileError, match="could not load"):
+        truncated.write_bytes(src.read(5_000_000))  # inside the metadata (the vocabulary)
+    with pytest.raises(ModelFileError, match="corrupt GGUF metadata"):
+        EdgeSpec(truncated)
+    with target_path.open("rb") as src:
+        truncated.write_bytes(src.read(100_000_000))  # inside the tensor data
+    with pytest.raises(ModelFileError, match="could not load.*file bounds"):
         EdgeSpec(truncated)
     with pytest.raises(ModelFileError):
         EdgeSpec("no-such-model-name")
@@ -131,7 +135,7 @@ def test_model_mode_without_a_draft_is_refused(target_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="draft"):
         EdgeSpec(target_path, draft_mode="model")
     with EdgeSpec(target_path, config=EngineConfig(n_ctx=256)) as alone:
-        assert alone.default_draft_mode == "ngram"
+        assert alone.default_draft_mode == "auto"  # over the n-gram lookup and none
         with pytest.raises(InvalidRequestError, match="draft"):
             alone.generate("Hello", draft_mode="model")
 

@@ -10,14 +10,23 @@ from fake_model import N_VOCAB, FakeLlama, make_draft, make_target, tv_bound
 
 from edge_spec.drafts import ModelDraft, NgramDraft, NoDraft
 from edge_spec.engine import Prefill, Step, run_steps
+from edge_spec.policy import FixedK
 from edge_spec.sampling import SamplingParams, argmax
 
 PREFIX = [1, 2, 3]
 
 
+def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling):
+    """run_steps with one draft source (plus "none") under a fixed-k policy."""
+    sources = {source.name: source, "none": NoDraft()}
+    return run_steps(
+        target, sources, FixedK(k), prompt, k_max=k, max_tokens=max_tokens, sampling=sampling
+    )
+
+
 def generate(source, target: FakeLlama, prompt, k, max_tokens, sampling) -> list[int]:
     out: list[int] = []
-    for event in run_steps(target, source, prompt, k=k, max_tokens=max_tokens, sampling=sampling):
+    for event in steps(source, target, prompt, k, max_tokens, sampling):
         if isinstance(event, Step):
             assert 1 <= len(event.tokens) <= event.n_drafted + 1
             assert event.n_accepted <= event.n_drafted <= k
@@ -67,12 +76,8 @@ def test_max_tokens_and_context_limits_are_respected() -> None:
 
 def test_prefill_reports_reused_prompt_cache() -> None:
     target = FakeLlama(make_target())
-    events = list(
-        run_steps(target, NoDraft(), PREFIX + [0, 1], k=0, max_tokens=1, sampling=SamplingParams())
-    )
-    events = list(
-        run_steps(target, NoDraft(), PREFIX + [0, 2], k=0, max_tokens=1, sampling=SamplingParams())
-    )
+    list(steps(NoDraft(), target, PREFIX + [0, 1], 0, 1, SamplingParams()))
+    events = list(steps(NoDraft(), target, PREFIX + [0, 2], 0, 1, SamplingParams()))
     assert isinstance(events[0], Prefill) and events[0].n_cached == 4
 
 
@@ -103,7 +108,7 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
         sampling = SamplingParams(
             params.temperature, params.top_k, params.top_p, params.min_p, seed=int(seed)
         )
-        for event in run_steps(target, source, prompt, k=2, max_tokens=3, sampling=sampling):
+        for event in steps(source, target, prompt, 2, 3, sampling):
             if isinstance(event, Step):
                 out.extend(event.tokens)
                 n_drafted += event.n_drafted

@@ -115,7 +115,7 @@ def test_self_draft_accepts_everything(target_path) -> None:
     """Drafting with the target's own file: every drafted token must be accepted."""
     with EdgeSpec(target_path, target_path, config=EngineConfig(n_ctx=512)) as spec:
         for prompt in PROMPTS[:4]:
-            result = spec.generate(prompt, max_tokens=40, k=K)
+            result = spec.generate(prompt, max_tokens=40, k=K, draft_mode="model")
             assert result.stats.n_drafted > 0
             assert result.stats.n_accepted == result.stats.n_drafted, result.stats
 
@@ -123,7 +123,9 @@ def test_self_draft_accepts_everything(target_path) -> None:
 def test_self_draft_accepts_everything_when_sampling(target_path) -> None:
     """At T > 0 with p_draft == p_target, min(1, p_target/p_draft) = 1: all accepted."""
     with EdgeSpec(target_path, target_path, config=EngineConfig(n_ctx=512)) as spec:
-        result = spec.generate(PROMPTS[1], max_tokens=40, k=K, temperature=0.8, seed=3)
+        result = spec.generate(
+            PROMPTS[1], max_tokens=40, k=K, temperature=0.8, seed=3, draft_mode="model"
+        )
         assert result.stats.n_drafted > 0
         assert result.stats.n_accepted == result.stats.n_drafted
 

@@ -1,13 +1,14 @@
 """The one seam for where draft tokens come from.
 
-A draft source has the lifecycle of llama.cpp's common/speculative: begin (a new request's
-prompt) -> propose (up to k tokens continuing the context) -> accept (feedback after
-verification). Sources never touch the target model.
+A draft source has a lifecycle like llama.cpp's common/speculative: begin (a new request's
+prompt) -> propose (up to k tokens continuing the context, as often as the policy asks). What
+was accepted goes to the k policy (edge_spec.policy), not to the source: a model draft reads
+it off the context on its next proposal. Sources never touch the target model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,9 +25,13 @@ class Draft:
 
     tokens: tuple[int, ...]
     p_draft: np.ndarray | None = None
+    confidences: tuple[float, ...] = ()  # the draft's probability of each token, when known
 
 
 NO_DRAFT = Draft(tokens=())
+
+# Asked after draft token i (0-based) was proposed with this probability: draft token i + 1?
+KeepDrafting = Callable[[int, float], bool]
 
 
 class DraftSource(Protocol):
@@ -36,12 +41,15 @@ class DraftSource(Protocol):
         """A new request starts with this prompt (prefill caches here, not in propose)."""
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
-        """Requires k >= 0; returns at most k tokens continuing `context` (prompt + output)."""
-
-    def accept(self, n_accepted: int) -> None:
-        """How many of the last proposal's tokens the target accepted."""
+        """Requires k >= 0; returns at most k tokens continuing `context` (prompt + output),
+        stopping early when keep_drafting answers False."""
 
 
 class NoDraft:
@@ -53,9 +61,11 @@ class NoDraft:
         pass
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         return NO_DRAFT
-
-    def accept(self, n_accepted: int) -> None:
-        pass

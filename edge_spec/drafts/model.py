@@ -13,17 +13,14 @@ import numpy as np
 
 from ..backend import LlamaModel, common_prefix
 from ..sampling import SamplingParams, argmax, probs_from_logits, sample
-from .base import NO_DRAFT, Draft
+from .base import NO_DRAFT, Draft, KeepDrafting
 
 
 class ModelDraft:
     name = "model"
 
-    def __init__(self, draft_model: LlamaModel, p_min: float = 0.0) -> None:
-        """p_min > 0 stops drafting once the draft's own probability for its token falls below it
-        (llama.cpp's --draft-p-min); 0 always drafts k tokens."""
+    def __init__(self, draft_model: LlamaModel) -> None:
         self.draft_model = draft_model
-        self.p_min = p_min
 
     def begin(self, prompt: Sequence[int]) -> None:
         # The target decodes prompt[:-1] in prefill; the draft does the same so that the first
@@ -31,7 +28,12 @@ class ModelDraft:
         self.draft_model.sync(prompt[:-1])
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         model = self.draft_model
         k = min(k, model.n_ctx - len(context))
@@ -44,25 +46,24 @@ class ModelDraft:
         logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        confidences: list[float] = []
         for i in range(k):
             if params.greedy:
                 token = argmax(logits)
-                confidence = _top_prob(logits) if self.p_min > 0 else 1.0
+                # Only an adaptive policy reads confidences: skip the softmax otherwise.
+                confidence = _top_prob(logits) if keep_drafting else 1.0
             else:
                 p_draft = probs_from_logits(logits, params)  # (n_vocab,)
                 token = sample(p_draft, rng)
                 rows.append(p_draft)
                 confidence = float(p_draft[token])
-            if tokens and confidence < self.p_min:
-                break
             tokens.append(token)
-            if i + 1 < k:
-                logits = model.decode([token], [0])[0]
-        p_draft_rows = np.stack(rows[: len(tokens)]) if rows else None  # (k, n_vocab)
-        return Draft(tokens=tuple(tokens), p_draft=p_draft_rows)
-
-    def accept(self, n_accepted: int) -> None:
-        pass
+            confidences.append(confidence)
+            if i + 1 == k or (keep_drafting is not None and not keep_drafting(i, confidence)):
+                break
+            logits = model.decode([token], [0])[0]
+        p_draft_rows = np.stack(rows) if rows else None  # (len(tokens), n_vocab)
+        return Draft(tuple(tokens), p_draft_rows, tuple(confidences))
 
 
 def _top_prob(logits: np.ndarray) -> float:

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..policy import NgramCandidate
 from ..sampling import SamplingParams
-from .base import NO_DRAFT, Draft
+from .base import NO_DRAFT, Draft, KeepDrafting
 
 
 class NgramDraft:
@@ -27,21 +28,30 @@ class NgramDraft:
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
+    def candidate(self, context: Sequence[int], k: int) -> NgramCandidate:
+        """What a proposal of up to k tokens would be, with the length of the n-gram matched."""
+        tokens, match_len = lookup(context, k, self.max_ngram, self.min_ngram)
+        return NgramCandidate(tokens, match_len)
+
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
-        return Draft(tokens=lookup(context, k, self.max_ngram, self.min_ngram))
-
-    def accept(self, n_accepted: int) -> None:
-        pass
+        return Draft(tokens=self.candidate(context, k).tokens)
 
 
-def lookup(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> tuple[int, ...]:
+def lookup(
+    context: Sequence[int], k: int, max_ngram: int, min_ngram: int
+) -> tuple[tuple[int, ...], int]:
     """Returns up to k tokens that followed the most recent earlier occurrence of the longest
-    matching suffix n-gram of `context`, or () when nothing matches."""
+    matching suffix n-gram of `context`, and that n-gram's length; ((), 0) when nothing matches."""
     n_ctx = len(context)
     if k <= 0 or n_ctx < min_ngram + 1:
-        return NO_DRAFT.tokens
+        return NO_DRAFT.tokens, 0
     ids = np.asarray(context, dtype=np.int64)
     for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
         pattern = ids[-n:]
@@ -50,5 +60,5 @@ def lookup(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> tu
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tuple(int(t) for t in ids[start : start + k])
-    return NO_DRAFT.tokens
+            return tuple(int(t) for t in ids[start : start + k]), n
+    return NO_DRAFT.tokens, 0

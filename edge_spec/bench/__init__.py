@@ -1,0 +1,1 @@
+"""Benchmarks: prompt sets, the runner and its reports."""

@@ -1,0 +1,109 @@
+"""`edge-spec bench`: run strategies side by side on the prompt sets and write JSON + Markdown."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STRATEGIES = ("auto", "model-k1", "model-k2", "model-k4", "ngram-k4", "model-heuristic")
+
+
+def add_bench_parser(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="speculation against the target alone, side by side")
+    bench.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
+    bench.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
+    bench.add_argument("--quick", action="store_true", help="2 prompts per category (CI)")
+    bench.add_argument("--categories", nargs="+", default=None)
+    bench.add_argument(
+        "--strategies",
+        nargs="+",
+        default=list(DEFAULT_STRATEGIES),
+        help="target, auto, model-kN, ngram-kN, model-heuristic, ngram-cost, model-cost, ...",
+    )
+    bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
+    bench.add_argument("--max-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--chat", action="store_true", help="use the chat form of the prompts")
+    bench.add_argument("--ctx-size", "-c", type=int, default=2048)
+    bench.add_argument("--threads", "-t", type=int, default=None)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default="bench/results/latest", help="output folder")
+    bench.add_argument("--no-progress", action="store_true")
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .. import __version__
+    from ..api import EdgeSpec, EngineConfig
+    from ..backend import llama_cpp_version
+    from ..errors import InvalidRequestError
+    from ..models import default_pair
+    from .prompts import load_prompts
+    from .report import markdown_table, summarize
+    from .runner import parse_strategy, peak_rss_bytes, run_bench, timestamp
+
+    try:
+        strategies = [parse_strategy(s) for s in args.strategies]
+        prompts = load_prompts(quick=args.quick, categories=args.categories)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from exc
+    if args.max_tokens < 1 or args.repeats < 1:
+        raise InvalidRequestError("--max-tokens and --repeats must be >= 1")
+    default_target, default_draft = default_pair()
+    config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
+    n_total = len(prompts) * len(args.temperatures) * args.repeats * (len(strategies) + 1)
+    with EdgeSpec(
+        args.target or default_target, args.draft or default_draft, config=config
+    ) as spec:
+        bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
+        runs = run_bench(
+            spec,
+            prompts,
+            strategies,
+            temperatures=args.temperatures,
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            chat=args.chat,
+            seed=args.seed,
+            on_run=lambda run: bar.update(1),
+        )
+        bar.close()
+        costs = spec.cost_curve() if any(s.policy == "cost" for s in strategies) else None
+        target_path, draft_path = str(spec.target_path), str(spec.draft_path)
+    summaries = summarize(runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "created": timestamp(),
+        "command": "edge-spec " + " ".join(sys.argv[1:]),
+        "versions": {
+            "edge_spec": __version__,
+            "llama_cpp_python": llama_cpp_version(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "target": target_path,
+        "draft": draft_path,
+        "settings": {k: v for k, v in vars(args).items() if k != "func"},
+        "cost_curve": None
+        if costs is None
+        else {
+            "verify_s": list(costs.verify_s),
+            "draft_token_s": costs.draft_token_s,
+            "ngram_s": costs.ngram_s,
+        },
+        "peak_rss_bytes": peak_rss_bytes(),
+        "summaries": [s.to_dict() for s in summaries],
+        "runs": [r.to_dict() for r in runs],
+    }
+    (out / "results.json").write_text(json.dumps(record, indent=1))
+    tables = [markdown_table(summaries, t) for t in args.temperatures]
+    (out / "results.md").write_text("\n\n".join(tables) + "\n")
+    print("\n\n".join(tables))
+    print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
+    return 0

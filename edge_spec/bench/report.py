@@ -1,0 +1,157 @@
+"""Aggregating benchmark runs: per category, temperature and strategy, tokens/s and the speedup
+over the target alone (a ratio of aggregates over the same prompts, with a bootstrap confidence
+interval over prompts), acceptance, acceptance by position, chosen k and the time split."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .runner import TARGET, Run
+
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Summary:
+    category: str
+    temperature: float
+    strategy: str
+    n_prompts: int
+    n_generated: int
+    tokens_per_s: float
+    speedup: float  # aggregate tokens/s over the target alone's, on the same prompts
+    speedup_ci95: tuple[float, float]
+    acceptance_rate: float
+    mean_accepted_per_step: float
+    acceptance_per_position: tuple[float, ...]
+    k_chosen: tuple[int, ...]
+    steps_by_source: dict[str, int]
+    time_split_s: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(runs: Sequence[Run], *, n_boot: int = 2000, seed: int = 0) -> list[Summary]:
+    """One Summary per (category, temperature, strategy), plus category "all" per (temperature,
+    strategy)."""
+    groups: dict[tuple[str, float, str], list[Run]] = defaultdict(list)
+    for run in runs:
+        for category in (run.category, ALL):
+            groups[(category, run.temperature, run.strategy)].append(run)
+    rng = np.random.default_rng(seed)
+    out = []
+    for (category, temperature, strategy), group in sorted(groups.items(), key=_order):
+        baseline = groups.get((category, temperature, TARGET.name), [])
+        out.append(_summary(category, temperature, strategy, group, baseline, rng, n_boot))
+    return out
+
+
+def _order(item: tuple[tuple[str, float, str], list[Run]]) -> tuple[bool, str, float, bool, str]:
+    (category, temperature, strategy), _ = item
+    return (category == ALL, category, temperature, strategy != TARGET.name, strategy)
+
+
+def _summary(
+    category: str,
+    temperature: float,
+    strategy: str,
+    group: list[Run],
+    baseline: list[Run],
+    rng: np.random.Generator,
+    n_boot: int,
+) -> Summary:
+    tokens = sum(r.n_generated for r in group)
+    decode_s = sum(r.decode_s for r in group)
+    drafted = _sum_positions(r.drafted_per_position for r in group)
+    accepted = _sum_positions(r.accepted_per_position for r in group)
+    steps = sum(r.n_steps for r in group)
+    k_hist = _sum_positions(r.k_chosen for r in group)
+    sources: dict[str, int] = defaultdict(int)
+    for r in group:
+        for name, n in r.steps_by_source.items():
+            sources[name] += n
+    speedup, ci = _speedup(group, baseline, rng, n_boot)
+    return Summary(
+        category=category,
+        temperature=temperature,
+        strategy=strategy,
+        n_prompts=len({r.prompt_id for r in group}),
+        n_generated=tokens,
+        tokens_per_s=tokens / decode_s if decode_s else 0.0,
+        speedup=speedup,
+        speedup_ci95=ci,
+        acceptance_rate=sum(accepted) / sum(drafted) if sum(drafted) else 0.0,
+        mean_accepted_per_step=sum(accepted) / steps if steps else 0.0,
+        acceptance_per_position=tuple(a / d if d else 0.0 for a, d in zip(accepted, drafted)),
+        k_chosen=tuple(k_hist),
+        steps_by_source=dict(sources),
+        time_split_s={
+            "prefill": sum(r.prefill_s for r in group),
+            "draft": sum(r.draft_s for r in group),
+            "verify": sum(r.verify_s for r in group),
+            "other": sum(r.other_s for r in group),
+        },
+    )
+
+
+def _speedup(
+    group: list[Run], baseline: list[Run], rng: np.random.Generator, n_boot: int
+) -> tuple[float, tuple[float, float]]:
+    """Σ tokens/Σ time of the strategy over the same for the target, on the prompts both ran;
+    the interval resamples prompts (paired: a prompt brings both its runs)."""
+
+    def key(r: Run) -> tuple[str, int]:
+        return (r.prompt_id, r.repeat)
+
+    base = {key(r): r for r in baseline}
+    pairs = [(r, base[key(r)]) for r in group if key(r) in base]
+    if not pairs:
+        return float("nan"), (float("nan"), float("nan"))
+    # per pair: (strategy tokens, strategy seconds, target tokens, target seconds)
+    data = np.array([[s.n_generated, s.decode_s, b.n_generated, b.decode_s] for s, b in pairs])
+
+    def ratio(rows: np.ndarray) -> float:
+        return float((rows[:, 0].sum() / rows[:, 1].sum()) / (rows[:, 2].sum() / rows[:, 3].sum()))
+
+    point = ratio(data)
+    if len(pairs) < 2:
+        return point, (point, point)
+    idx = rng.integers(0, len(pairs), size=(n_boot, len(pairs)))
+    boots = np.array([ratio(data[i]) for i in idx])
+    low, high = np.percentile(boots, [2.5, 97.5])
+    return point, (float(low), float(high))
+
+
+def _sum_positions(rows: Iterable[Sequence[int]]) -> list[int]:
+    total: list[int] = []
+    for row in rows:
+        total += [0] * (len(row) - len(total))
+        for i, value in enumerate(row):
+            total[i] += value
+    return total
+
+
+def markdown_table(summaries: Sequence[Summary], temperature: float | None = None) -> str:
+    """One row per (category, strategy): tokens/s, speedup with its 95% interval, acceptance,
+    accepted per step, and the most chosen k."""
+    lines = [
+        "| category | T | strategy | tokens/s | speedup (95% CI) | acceptance | "
+        "accepted/step | k chosen (0,1,2,..) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        if temperature is not None and s.temperature != temperature:
+            continue
+        lines.append(
+            f"| {s.category} | {s.temperature:g} | {s.strategy} | {s.tokens_per_s:.1f} | "
+            f"{s.speedup:.2f}× ({s.speedup_ci95[0]:.2f}–{s.speedup_ci95[1]:.2f}) | "
+            f"{s.acceptance_rate:.2f} | {s.mean_accepted_per_step:.2f} | "
+            f"{' '.join(map(str, s.k_chosen)) or '-'} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""The benchmark runner: every strategy on the same prompts, interleaved and repeated in one
+process, so that machine noise hits them alike and speedups are ratios measured side by side.
+
+A strategy is a draft mode plus a k policy (and k). "target" (the target alone, k = 0) is always
+run: every speedup is against it, prompt by prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..api import EdgeSpec, GenerationConfig, GenerationResult
+from ..sampling import SamplingParams
+from .prompts import Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    draft_mode: str
+    policy: str
+    k: int = 4
+    k_max: int = 8
+
+    def config(self, max_tokens: int, sampling: SamplingParams) -> GenerationConfig:
+        return GenerationConfig(
+            max_tokens=max_tokens,
+            k=self.k,
+            k_max=self.k_max,
+            draft_mode=self.draft_mode,  # type: ignore[arg-type]
+            policy=self.policy,  # type: ignore[arg-type]
+            sampling=sampling,
+        )
+
+
+TARGET = Strategy("target", "none", "fixed", k=0)
+
+
+def parse_strategy(spec: str) -> Strategy:
+    """'target', 'auto', 'model-k3', 'ngram-k4', 'model-heuristic', 'ngram-cost', 'model-cost'."""
+    if spec == "target":
+        return TARGET
+    if spec == "auto":
+        return Strategy("auto", "auto", "cost")
+    mode, _, how = spec.partition("-")
+    if mode not in ("model", "ngram", "auto") or not how:
+        raise ValueError(f"unknown strategy {spec!r}")
+    if how.startswith("k") and how[1:].isdigit():
+        return Strategy(spec, mode, "fixed", k=int(how[1:]))
+    if how in ("heuristic", "cost"):
+        return Strategy(spec, mode, how)
+    raise ValueError(f"unknown strategy {spec!r}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One generation: a prompt under a strategy at a temperature, in repeat r."""
+
+    prompt_id: str
+    category: str
+    kind: str
+    strategy: str
+    temperature: float
+    repeat: int
+    n_prompt_tokens: int
+    n_generated: int
+    decode_s: float
+    tokens_per_s: float
+    n_steps: int
+    n_drafted: int
+    n_accepted: int
+    drafted_per_position: tuple[int, ...]
+    accepted_per_position: tuple[int, ...]
+    steps_by_source: dict[str, int]
+    k_chosen: tuple[int, ...]
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    other_s: float
+    finish_reason: str
+    token_ids: tuple[int, ...] = field(repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        prompt: Prompt,
+        strategy: Strategy,
+        temperature: float,
+        repeat: int,
+        result: GenerationResult,
+    ) -> Run:
+        s = result.stats
+        decode_s = s.total_s - s.prefill_s
+        return cls(
+            prompt.id,
+            prompt.category,
+            prompt.kind,
+            strategy.name,
+            temperature,
+            repeat,
+            s.n_prompt_tokens,
+            s.n_generated,
+            decode_s,
+            s.tokens_per_s,
+            s.n_steps,
+            s.n_drafted,
+            s.n_accepted,
+            s.drafted_per_position,
+            s.accepted_per_position,
+            s.steps_by_source,
+            s.k_chosen,
+            s.prefill_s,
+            s.draft_s,
+            s.verify_s,
+            s.other_s,
+            result.finish_reason,
+            result.token_ids,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["token_ids"] = list(self.token_ids)
+        return out
+
+
+def run_bench(
+    spec: EdgeSpec,
+    prompts: Sequence[Prompt],
+    strategies: Sequence[Strategy],
+    *,
+    temperatures: Sequence[float] = (0.0,),
+    max_tokens: int = 64,
+    repeats: int = 1,
+    chat: bool = False,
+    seed: int = 0,
+    on_run: Callable[[Run], None] | None = None,
+) -> list[Run]:
+    """Runs every (prompt, strategy, temperature) `repeats` times. Within a prompt the strategy
+    order rotates, so no strategy always runs first (cold caches) or last."""
+    plan = [TARGET, *[s for s in strategies if s.name != TARGET.name]]
+    runs: list[Run] = []
+    warm = prompts[0].completion if prompts else "Hello"
+    spec.generate(warm, max_tokens=8, draft_mode="none")  # page the weights in
+    for repeat in range(repeats):
+        for i, prompt in enumerate(prompts):
+            text = spec.render_chat(prompt.messages) if chat else prompt.completion
+            order = plan[i % len(plan) :] + plan[: i % len(plan)]
+            for temperature in temperatures:
+                sampling = SamplingParams(temperature=temperature, seed=seed + 1000 * repeat + i)
+                for strategy in order:
+                    result = spec.generate(text, strategy.config(max_tokens, sampling))
+                    run = Run.of(prompt, strategy, temperature, repeat, result)
+                    runs.append(run)
+                    if on_run is not None:
+                        on_run(run)
+    return runs
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if peak > 1 << 32 else peak * 1024)  # bytes on macOS, KiB on Linux
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

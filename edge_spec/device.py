@@ -1,0 +1,447 @@
+"""Device profile: what this machine is, and what a target/draft pair costs on it, cached on disk.
+
+A profile holds the host's facts (cores, memory, bandwidth, GPU offload) and, per model, the
+verify-cost curve t(n): the seconds of one decode of a batch of n = 1..16 tokens with logits on
+every row, at a realistic context length. `DeviceProfile.cost_curve()` turns it into the
+`policy.CostCurve` the k policies plan with.
+
+Profiles live in `<cache_dir()>/profiles/<key>.json`; the key hashes everything that changes the
+numbers (host, CPU, both models' sha256, threads, GPU offload, llama.cpp version, schema), so a
+profile is reused until one of them changes. `load_or_profile` is the one entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import backend, probes
+from .errors import EdgeSpecError
+from .files import HashCache, atomic_output, locked
+from .models import cache_dir
+from .policy import CostCurve
+from .probes import FULL, N_VERIFY, QUICK, HostInfo, ModelCost
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+BUSY_WARN_CORES = 0.25  # other processes' load while measuring above which we warn
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a target (and draft) cost on this host, as measured once and cached."""
+
+    host: HostInfo
+    target: ModelCost
+    draft: ModelCost | None
+    ngram_s: float  # one n-gram lookup over a 1k-token context
+    other_cores_busy: float  # CPU cores other processes kept busy while measuring (mean)
+    quick: bool
+    created: str  # ISO 8601, UTC
+    profile_s: float  # wall time the measurement took
+    key: str
+    schema: int = SCHEMA_VERSION
+
+    def cost_curve(self) -> CostCurve:
+        """The pair's costs for the k policies: the target's t(n), the draft's t(1) per draft
+        token (0.0 without a draft model), and the n-gram lookup."""
+        return CostCurve(
+            verify_s=self.target.verify_s,
+            draft_token_s=self.draft.verify_s[0] if self.draft else 0.0,
+            ngram_s=self.ngram_s,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceProfile:
+        """Raises EdgeSpecError for another schema version or a malformed profile."""
+        try:
+            if data.get("schema") != SCHEMA_VERSION:
+                raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
+            fields = dict(data)
+            fields["host"] = HostInfo(**data["host"])
+            fields["target"] = _model_cost(data["target"])
+            fields["draft"] = _model_cost(data["draft"]) if data["draft"] is not None else None
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise EdgeSpecError(f"invalid device profile: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> DeviceProfile:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise EdgeSpecError(f"invalid device profile: {exc}") from exc
+        if not isinstance(data, dict):
+            raise EdgeSpecError("invalid device profile: not a JSON object")
+        return cls.from_dict(data)
+
+
+def _model_cost(data: dict[str, Any]) -> ModelCost:
+    fields = dict(data)
+    fields["verify_s"] = tuple(float(v) for v in data["verify_s"])
+    fields["measured_ns"] = tuple(int(n) for n in data["measured_ns"])
+    if len(fields["verify_s"]) != N_VERIFY or min(fields["verify_s"]) <= 0:
+        raise ValueError(f"verify_s must hold {N_VERIFY} positive values")
+    return ModelCost(**fields)
+
+
+# ---- keys and files --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """A profile request resolved: files hashed, threads and offload settled, key computed."""
+
+    target_path: Path
+    draft_path: Path | None
+    target_sha256: str
+    draft_sha256: str | None
+    n_threads: int
+    n_gpu_layers: int  # effective: 0 where the build cannot offload
+    key: str
+
+
+def profiles_dir() -> Path:
+    return cache_dir() / "profiles"
+
+
+def profile_key(
+    *,
+    hostname: str,
+    cpu_model: str,
+    target_sha256: str,
+    draft_sha256: str | None,
+    n_threads: int,
+    gpu_offload: bool,
+    n_gpu_layers: int,
+    llama_cpp_version: str,
+) -> str:
+    """24 hex digits of the sha256 of everything that changes the measured costs."""
+    parts = [
+        hostname,
+        cpu_model,
+        target_sha256,
+        draft_sha256 or "none",
+        n_threads,
+        gpu_offload,
+        n_gpu_layers,
+        llama_cpp_version,
+        SCHEMA_VERSION,
+    ]
+    return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()[:24]
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, hashed at most once per size + mtime: from the sidecar beside it
+    (models prepared by edge_spec.models have one), else from the profiles directory's own
+    sidecar, else hashed now and recorded there."""
+    record = HashCache(path.parent).get(path)
+    if record is None:
+        directory = profiles_dir()
+        record = HashCache(directory).get(path)
+        if record is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            with locked(directory):
+                hashes = HashCache(directory)  # re-read: another process may have hashed it
+                record = hashes.get(path)
+                if record is None:
+                    log.info("hashing %s (once per size + mtime)", path)
+                    hashes.put(path, _hash_file(path), "hashed")
+                    record = hashes.get(path)
+    assert record is not None
+    return str(record["sha256"])
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(4 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _request(
+    target_path: str | Path, draft_path: str | Path | None, n_threads: int | None, n_gpu_layers: int
+) -> ProfileRequest:
+    target = Path(target_path)
+    draft = Path(draft_path) if draft_path is not None else None
+    for path in (target, draft):
+        if path is not None:
+            backend.check_gguf_file(path)  # a clear ModelFileError before hashing anything
+    threads = n_threads or backend.default_threads()
+    offload = backend.supports_gpu_offload()
+    layers = n_gpu_layers if offload else 0
+    target_sha = file_sha256(target)
+    draft_sha = file_sha256(draft) if draft else None
+    key = profile_key(
+        hostname=probes.hostname(),
+        cpu_model=probes.cpu_model(),
+        target_sha256=target_sha,
+        draft_sha256=draft_sha,
+        n_threads=threads,
+        gpu_offload=offload,
+        n_gpu_layers=layers,
+        llama_cpp_version=backend.llama_cpp_version(),
+    )
+    return ProfileRequest(target, draft, target_sha, draft_sha, threads, layers, key)
+
+
+def profile_path(
+    target_path: str | Path,
+    draft_path: str | Path | None = None,
+    *,
+    n_threads: int | None = None,
+    n_gpu_layers: int = -1,
+) -> Path:
+    """Where the profile of this pair with these settings is (or would be) cached."""
+    request = _request(target_path, draft_path, n_threads, n_gpu_layers)
+    return profiles_dir() / f"{request.key}.json"
+
+
+def load_profile(path: Path) -> DeviceProfile:
+    """Raises EdgeSpecError when the file is missing, unreadable or of another schema."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot read device profile {path}: {exc}") from exc
+    return DeviceProfile.from_json(text)
+
+
+def save_profile(profile: DeviceProfile, path: Path) -> None:
+    """Atomic write; the caller holds files.locked(path.parent)."""
+    with atomic_output(path) as tmp:
+        tmp.write_text(profile.to_json() + "\n", encoding="utf-8")
+
+
+# ---- measuring -------------------------------------------------------------------------------
+
+
+def measure_profile(request: ProfileRequest, quick: bool) -> DeviceProfile:
+    """Measure everything (seconds in quick mode, about a minute in full mode)."""
+    start_s = time.perf_counter()
+    settings = QUICK if quick else FULL
+    other_load = probes.OtherLoad()
+    host = probes.measure_host(request.n_threads, request.n_gpu_layers, settings)
+    models = [(request.target_path, request.target_sha256)]
+    if request.draft_path is not None:
+        assert request.draft_sha256 is not None
+        models.append((request.draft_path, request.draft_sha256))
+    costs = probes.measure_models(models, settings, request.n_threads, request.n_gpu_layers)
+    return DeviceProfile(
+        host=host,
+        target=costs[0],
+        draft=costs[1] if len(costs) > 1 else None,
+        ngram_s=probes.ngram_lookup_s(),
+        other_cores_busy=other_load.cores(),
+        quick=quick,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        profile_s=time.perf_counter() - start_s,
+        key=request.key,
+    )
+
+
+# ---- the cache -------------------------------------------------------------------------------
+
+
+def load_or_profile(
+    target_path: str | Path,
+    draft_path: str | Path | None = None,
+    *,
+    n_threads: int | None = None,
+    n_gpu_layers: int = -1,
+    quick: bool = True,
+    refresh: bool = False,
+) -> DeviceProfile:
+    """The cached profile of this pair and settings, else a fresh measurement (saved).
+
+    A full profile satisfies a quick request; a quick one does not satisfy a full request.
+    refresh=True always measures. Raises ModelFileError for a file that is not a GGUF.
+    """
+    profile, _, _ = lookup_or_profile(
+        target_path,
+        draft_path,
+        n_threads=n_threads,
+        n_gpu_layers=n_gpu_layers,
+        quick=quick,
+        refresh=refresh,
+    )
+    return profile
+
+
+def lookup_or_profile(
+    target_path: str | Path,
+    draft_path: str | Path | None = None,
+    *,
+    n_threads: int | None = None,
+    n_gpu_layers: int = -1,
+    quick: bool = True,
+    refresh: bool = False,
+) -> tuple[DeviceProfile, Path, bool]:
+    """load_or_profile, also returning the profile's path and whether it came from the cache."""
+    request = _request(target_path, draft_path, n_threads, n_gpu_layers)
+    directory = profiles_dir()
+    path = directory / f"{request.key}.json"
+    cached = None if refresh else _usable(path, request.key, quick)
+    if cached is not None:
+        log.info("device profile: reusing %s", path)
+        return cached, path, True
+    directory.mkdir(parents=True, exist_ok=True)
+    # Measure under the lock: a second process waits, then reuses, instead of measuring while
+    # this one does (two measurements at once would each time the other's load).
+    with locked(directory):
+        cached = None if refresh else _usable(path, request.key, quick)
+        if cached is not None:
+            log.info("device profile: reusing %s (measured by another process)", path)
+            return cached, path, True
+        log.info(
+            "device profile: measuring %s%s (%s mode)",
+            request.target_path.name,
+            f" + {request.draft_path.name}" if request.draft_path else "",
+            "quick" if quick else "full",
+        )
+        profile = measure_profile(request, quick)
+        save_profile(profile, path)
+    log.info("device profile: measured in %.1f s, saved %s", profile.profile_s, path)
+    if profile.other_cores_busy > BUSY_WARN_CORES:
+        log.warning(
+            "other processes kept %.1f CPU cores busy while profiling: the costs may be "
+            "inflated; measure again when the machine is quieter (edge-spec profile --refresh)",
+            profile.other_cores_busy,
+        )
+    return profile, path, False
+
+
+def _usable(path: Path, key: str, quick: bool) -> DeviceProfile | None:
+    if not path.is_file():
+        return None
+    try:
+        profile = load_profile(path)
+    except EdgeSpecError as exc:
+        log.warning("measuring again: %s", exc)
+        return None
+    if profile.key != key:
+        log.warning("measuring again: %s holds the profile of key %s", path, profile.key)
+        return None
+    if profile.quick and not quick:
+        log.debug("device profile: %s is a quick profile; a full one was asked for", path)
+        return None
+    return profile
+
+
+# ---- command line (wired into edge_spec.cli) ------------------------------------------------
+
+
+def add_profile_parser(sub: Any) -> None:
+    """Add the `profile` subcommand to an argparse subparsers object."""
+    parser = sub.add_parser(
+        "profile", help="measure (or show the cached) device profile of a model pair"
+    )
+    parser.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
+    parser.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
+    parser.add_argument("--no-draft", action="store_true", help="profile the target alone")
+    parser.add_argument("--threads", "-t", type=int, default=None)
+    parser.add_argument(
+        "--n-gpu-layers", "-ngl", type=int, default=-1, help="layers to offload (-1: all)"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick", dest="full", action="store_false", help="a few seconds (the default)"
+    )
+    mode.add_argument("--full", dest="full", action="store_true", help="about a minute")
+    parser.set_defaults(full=False)
+    parser.add_argument("--refresh", action="store_true", help="measure even if cached")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from .errors import InvalidRequestError
+    from .models import default_pair, resolve
+
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}")
+    if args.no_draft and args.draft:
+        raise InvalidRequestError("give --draft or --no-draft, not both")
+    default_target, default_draft = default_pair()
+    target = resolve(args.target or default_target)
+    draft = None if args.no_draft else resolve(args.draft or default_draft)
+    profile, path, cached = lookup_or_profile(
+        target,
+        draft,
+        n_threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        quick=not args.full,
+        refresh=args.refresh,
+    )
+    if args.json:
+        out = {
+            "path": str(path),
+            "cached": cached,
+            "cost_curve": dataclasses.asdict(profile.cost_curve()),
+            "profile": profile.to_dict(),
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_profile(profile, path, cached))
+    return 0
+
+
+def format_profile(profile: DeviceProfile, path: Path, cached: bool) -> str:
+    """The human table `edge-spec profile` prints."""
+    h = profile.host
+    gib = 1 << 30
+    vram = "unknown" if h.gpu_offload else "-"
+    if h.vram_total_bytes is not None and h.vram_free_bytes is not None:
+        vram = f"{h.vram_free_bytes / gib:.1f} of {h.vram_total_bytes / gib:.1f} GiB free"
+    origin = f"from the cache, measured {profile.created}" if cached else "measured now"
+    lines = [
+        f"host       {h.hostname}: {h.cpu_model} ({h.system} {h.machine})",
+        f"cpu        {h.n_cpu_logical} logical / {h.n_cpu_physical} physical cores, "
+        f"{h.n_threads} threads used",
+        f"memory     RAM {h.ram_total_bytes / gib:.1f} GiB ({h.ram_available_bytes / gib:.1f} "
+        f"free){', unified' if h.unified_memory else ''}; GPU offload "
+        f"{'yes, ' + str(h.n_gpu_layers) + ' layers' if h.gpu_offload else 'no'}; VRAM {vram}",
+        f"bandwidth  read {h.bandwidth_gbps:.1f} GB/s, copy {h.copy_gbps:.1f} GB/s "
+        "(numpy, one thread)",
+        f"llama.cpp  {h.llama_cpp_version}",
+        f"profile    {'quick' if profile.quick else 'full'}, {origin} "
+        f"(took {profile.profile_s:.1f} s; other processes used "
+        f"{profile.other_cores_busy:.1f} cores meanwhile"
+        f"{', costs may be inflated' if profile.other_cores_busy > BUSY_WARN_CORES else ''})",
+        f"file       {path}",
+        "",
+    ]
+    models = [("target", profile.target)] + ([("draft", profile.draft)] if profile.draft else [])
+    for role, cost in models:
+        lines.append(f"{role:<7}    {cost.file_name} ({cost.description}), {cost.sha256[:12]}")
+    first = profile.target
+    lines.append(
+        f"\nt(n): one decode of n tokens, logits on all rows, after {first.n_ctx_probe} tokens "
+        f"of context; median of {first.n_repeats}; ~ interpolated"
+    )
+    lines.append(" n  " + "".join(f"{role + ' ms':>12} {'× t(1)':>7}" for role, _ in models))
+    for n in range(1, N_VERIFY + 1):
+        row = f"{n:>2}  "
+        for _, cost in models:
+            mark = " " if n in cost.measured_ns else "~"
+            row += f"{cost.t(n) * 1e3:>11.2f}{mark} {cost.t(n) / cost.t(1):>6.2f}"
+        lines.append(row)
+    curve = profile.cost_curve()
+    if profile.draft:
+        lines.append(f"\nc = draft t(1) / target t(1) = {curve.c:.2f}")
+    lines.append(f"n-gram lookup (1k-token context): {profile.ngram_s * 1e3:.3f} ms")
+    return "\n".join(lines)

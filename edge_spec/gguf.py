@@ -1,0 +1,159 @@
+"""Read a GGUF file's metadata in pure Python, without loading weights: the planner needs layer
+counts and KV shapes before it decides where (and whether) the models can be loaded."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .errors import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
+
+# GGUF value types
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GgufFacts:
+    """What memory planning needs to know about a model."""
+
+    path: Path
+    file_size_bytes: int
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    key_length: int
+    value_length: int
+    n_ctx_train: int
+    n_vocab: int
+
+    def kv_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
+        """KV cache size for n_ctx positions (f16 cache by default, every layer full size)."""
+        per_token = self.n_layer * self.n_head_kv * (self.key_length + self.value_length)
+        return n_ctx * per_token * bytes_per_value
+
+    def layer_bytes(self) -> int:
+        """Rough bytes per repeating layer (weights minus the vocabulary-sized tensors)."""
+        vocab_bytes = self.n_vocab * self.n_embd  # at least one byte per embedding value
+        return max((self.file_size_bytes - vocab_bytes) // max(self.n_layer, 1), 0)
+
+
+def check_gguf_file(path: Path) -> int:
+    """Requires nothing; returns the file size in bytes, or raises ModelFileError saying why the
+    file cannot be a loadable GGUF (missing, a directory, too short, wrong magic)."""
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"model path is not a file: {path}")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(GGUF_MIN_BYTES)
+    if len(head) < GGUF_MIN_BYTES or head[:4] != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic or too short): {path}")
+    (version,) = struct.unpack_from("<I", head, 4)
+    if version not in (2, 3):
+        raise ModelFileError(f"unsupported GGUF version {version}: {path}")
+    return size
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """All metadata key/values of a GGUF file; arrays are returned as their length only.
+    Raises ModelFileError for a missing, non-GGUF or corrupt file."""
+    check_gguf_file(path)
+    try:
+        with path.open("rb") as f:
+            f.seek(8)  # magic and version, checked above
+            _read(f, "<Q")  # tensor count
+            n_kv = _read(f, "<Q")
+            meta: dict[str, Any] = {}
+            for _ in range(n_kv):
+                key = _read_string(f)
+                meta[key] = _read_value(f, _read(f, "<I"))
+            return meta
+    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as exc:
+        raise ModelFileError(f"corrupt GGUF metadata in {path}: {exc}") from exc
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def read_facts(path: Path) -> GgufFacts:
+    meta = read_metadata(path)
+    arch = str(meta.get("general.architecture", ""))
+
+    def get(name: str, default: int | None = None) -> int:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelFileError(f"GGUF metadata lacks {arch}.{name}: {path}")
+        return int(value)
+
+    n_embd, n_head = get("embedding_length"), get("attention.head_count")
+    head_dim = n_embd // max(n_head, 1)
+    return GgufFacts(
+        path=path,
+        file_size_bytes=path.stat().st_size,
+        architecture=arch,
+        n_layer=get("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=get("attention.head_count_kv", n_head),
+        key_length=get("attention.key_length", head_dim),
+        value_length=get("attention.value_length", head_dim),
+        n_ctx_train=get("context_length", 0),
+        n_vocab=int(meta.get("tokenizer.ggml.tokens", 0)) or get("vocab_size", 0),
+    )
+
+
+def _read(f: BinaryIO, fmt: str) -> Any:
+    size = struct.calcsize(fmt)
+    data = f.read(size)
+    if len(data) != size:
+        raise struct.error("unexpected end of file")
+    return struct.unpack(fmt, data)[0]
+
+
+def _read_string(f: BinaryIO) -> str:
+    n = _read(f, "<Q")
+    if n > 1 << 24:
+        raise struct.error(f"implausible string length {n}")
+    data = f.read(n)
+    if len(data) != n:
+        raise struct.error("unexpected end of file")
+    return data.decode("utf-8")
+
+
+def _read_value(f: BinaryIO, vtype: int) -> Any:
+    if vtype in _SCALARS:
+        return _read(f, _SCALARS[vtype])
+    if vtype == _STRING:
+        return _read_string(f)
+    if vtype == _ARRAY:
+        item_type, n = _read(f, "<I"), _read(f, "<Q")
+        if item_type in _SCALARS:
+            f.seek(n * struct.calcsize(_SCALARS[item_type]), 1)
+        elif item_type == _STRING:
+            for _ in range(n):
+                f.seek(_read(f, "<Q"), 1)
+        else:
+            for _ in range(n):
+                _read_value(f, item_type)
+        return n
+    raise struct.error(f"unknown GGUF value type {vtype}")

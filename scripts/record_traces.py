@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Record acceptance traces on the real models, for `edge-spec simulate` (edge_spec/simulate.py).
+
+For each prompt the target's greedy continuation of N tokens is generated once; then, at every
+position pos of it, the script records what each draft source would have proposed from the
+context prompt + target[:pos]:
+
+- model: the draft's greedy continuation of K_MAX tokens, how many of them match the target's
+  continuation (`agree`), and the draft's probability of each of its tokens (`confidence`);
+- ngram: the prompt-lookup proposal (edge_spec.drafts.ngram.lookup, max_ngram 3, min_ngram 1),
+  its matched n-gram length and how many of its tokens match (`agree`).
+
+Greedy (T=0) only: the policies are judged on the acceptance pattern, and at T=0 acceptance is a
+deterministic prefix match, so one recording serves every k. The draft's greedy chain is reused
+from one position to the next while it keeps agreeing with the target (its context is then the
+same), so recording costs a few draft decodes per position instead of K_MAX.
+
+    .venv/bin/python scripts/record_traces.py                    # default pair, 16 prompts x 96
+    .venv/bin/python scripts/record_traces.py --n-tokens 64 --prompts 4 --out /tmp/t.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from edge_spec.backend import LlamaModel, llama_cpp_version  # noqa: E402
+from edge_spec.drafts.ngram import lookup  # noqa: E402
+from edge_spec.models import default_pair, resolve  # noqa: E402
+from edge_spec.simulate import K_MAX, TRACE_SCHEMA  # noqa: E402
+
+MAX_NGRAM, MIN_NGRAM = 3, 1
+
+# Completion-style prompts (the default target, Gemma-3-270M, is a base model), four per kind.
+PROMPTS: list[tuple[str, str]] = [
+    ("chat", "Q: What is the capital of France?\nA:"),
+    ("chat", "User: Can you give me three tips for sleeping better?\nAssistant:"),
+    ("chat", "Question: Why is the sky blue?\nAnswer:"),
+    ("chat", "Customer: My order arrived damaged. What should I do?\nSupport agent:"),
+    ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    (
+        "code",
+        "import numpy as np\n\ndef normalize(x):\n    return (x - x.mean()) / x.std()\n\n"
+        "def standardize(x):\n    return",
+    ),
+    (
+        "code",
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+        "    def push(self, item):\n",
+    ),
+    ("code", "-- list customers and their orders\nSELECT customers.name, orders.id FROM"),
+    (
+        "extraction",
+        "Copy this sentence exactly: The quick brown fox jumps over the lazy dog. "
+        "Copy: The quick brown fox",
+    ),
+    (
+        "extraction",
+        "The recipe: 1. Boil water. 2. Add pasta. 3. Stir. Repeat the recipe: 1. Boil water.",
+    ),
+    (
+        "extraction",
+        "Text: John Smith, born 1970 in Boston, works as an engineer at Acme Corp.\n"
+        "Fields:\nName: John Smith\nBorn:",
+    ),
+    ("extraction", "List the days of the week: Monday, Tuesday,"),
+    ("prose", "Once upon a time, in a small village by the sea,"),
+    ("prose", "Photosynthesis is the process by which plants"),
+    ("prose", "The history of the bicycle begins"),
+    ("prose", "In the winter of 1812, the army"),
+]
+
+
+def top_prob(logits: np.ndarray) -> float:
+    """The softmax probability of the argmax token (the greedy draft's confidence)."""
+    shifted = logits.astype(np.float64) - float(logits.max())
+    return float(1.0 / np.exp(shifted).sum())
+
+
+def target_greedy(target: LlamaModel, prompt: list[int], n_tokens: int) -> tuple[list[int], list]:
+    """The target's greedy continuation, one token per decode (stops at end-of-generation)."""
+    target.sync(prompt[:-1])
+    out: list[int] = []
+    times: list[float] = []
+    last = prompt[-1]
+    while len(out) < n_tokens:
+        t0 = time.perf_counter()
+        logits = target.decode([last], [0])[0]
+        times.append(time.perf_counter() - t0)
+        last = int(np.argmax(logits))
+        if target.is_eog(last):
+            break
+        out.append(last)
+    return out, times
+
+
+def record_prompt(
+    target: LlamaModel, draft: LlamaModel, category: str, text: str, n_tokens: int
+) -> tuple[dict, list[float], list[float]]:
+    prompt = target.tokenize(text)
+    tokens, target_times = target_greedy(target, prompt, n_tokens)
+    n = len(tokens)
+    context = prompt + tokens
+    n_prompt = len(prompt)
+
+    model_agree: list[int] = []
+    model_conf: list[list[float]] = []
+    ng_agree: list[int] = []
+    ng_len: list[int] = []
+    ng_match: list[int] = []
+    ng_prop: list[list[int]] = []
+    draft_times: list[float] = []
+
+    # chain: the draft's greedy continuation of context[:n_prompt + pos]; the draft's KV holds
+    # that context plus chain[:-1] (its last token is not decoded yet).
+    chain: list[tuple[int, float]] = []
+    draft.sync(prompt[:-1])
+    for pos in range(n):
+        ctx_len = n_prompt + pos
+        want = min(K_MAX, n - pos)
+        if not chain:
+            draft.sync(context[: ctx_len - 1])
+            logits = draft.decode([context[ctx_len - 1]], [0])[0]
+            chain.append((int(np.argmax(logits)), top_prob(logits)))
+        while len(chain) < want:
+            t0 = time.perf_counter()
+            logits = draft.decode([chain[-1][0]], [0])[0]
+            draft_times.append(time.perf_counter() - t0)
+            chain.append((int(np.argmax(logits)), top_prob(logits)))
+        agree = 0
+        while agree < want and chain[agree][0] == tokens[pos + agree]:
+            agree += 1
+        model_agree.append(agree)
+        model_conf.append([round(c, 4) for _, c in chain[:want]])
+
+        proposal, match_len = lookup(context[:ctx_len], K_MAX, MAX_NGRAM, MIN_NGRAM)
+        ng_agree_pos = 0
+        while (
+            ng_agree_pos < len(proposal)
+            and pos + ng_agree_pos < n
+            and proposal[ng_agree_pos] == tokens[pos + ng_agree_pos]
+        ):
+            ng_agree_pos += 1
+        ng_agree.append(ng_agree_pos)
+        ng_len.append(len(proposal))
+        ng_match.append(match_len)
+        ng_prop.append(list(proposal))
+
+        # Advance: the chain stays valid only if its first token is the target's.
+        if chain[0][0] == tokens[pos]:
+            chain = chain[1:]
+        else:
+            chain = []
+    record = {
+        "category": category,
+        "prompt": text,
+        "n_prompt": n_prompt,
+        "tokens": tokens,
+        "model": {"agree": model_agree, "confidence": model_conf},
+        "ngram": {
+            "agree": ng_agree,
+            "proposal_len": ng_len,
+            "match_len": ng_match,
+            "proposal": ng_prop,
+        },
+    }
+    return record, target_times, draft_times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    pair_target, pair_draft = default_pair()
+    ap.add_argument("--target", default=pair_target)
+    ap.add_argument("--draft", default=pair_draft)
+    ap.add_argument("--n-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None, help="default: bench/traces/<target>__<draft>.json")
+    opts = ap.parse_args()
+    out = Path(opts.out or ROOT / "bench" / "traces" / f"{opts.target}__{opts.draft}.json")
+
+    started = time.perf_counter()
+    target_path = resolve(opts.target, progress=False)
+    draft_path = resolve(opts.draft, progress=False)
+    records = []
+    target_times: list[float] = []
+    draft_times: list[float] = []
+    with (
+        LlamaModel(target_path, n_ctx=512, n_threads=opts.threads) as target,
+        LlamaModel(draft_path, n_ctx=512, n_threads=opts.threads) as draft,
+    ):
+        for i, (category, text) in enumerate(PROMPTS[: opts.prompts]):
+            record, tt, dt = record_prompt(target, draft, category, text, opts.n_tokens)
+            record["id"] = f"{category}-{i}"
+            records.append(record)
+            target_times += tt
+            draft_times += dt
+            a = record["model"]["agree"]
+            g = record["ngram"]["agree"]
+            print(
+                f"{record['id']:<14} {len(record['tokens']):>3} tokens  "
+                f"model agree>0 {sum(x > 0 for x in a) / max(len(a), 1):.2f}  "
+                f"ngram agree>0 {sum(x > 0 for x in g) / max(len(g), 1):.2f}  "
+                f"({time.perf_counter() - started:.0f}s)",
+                flush=True,
+            )
+        n_threads = target.n_threads
+    t1_ms = statistics.median(target_times) * 1e3
+    draft_ms = statistics.median(draft_times) * 1e3
+    trace = {
+        "schema": TRACE_SCHEMA,
+        "kind": "edge_spec.acceptance_trace",
+        "temperature": 0.0,
+        "target": opts.target,
+        "draft": opts.draft,
+        "k_max": K_MAX,
+        "ngram": {"max_ngram": MAX_NGRAM, "min_ngram": MIN_NGRAM},
+        "recorded": datetime.date.today().isoformat(),
+        "llama_cpp_python": llama_cpp_version(),
+        "n_threads": n_threads,
+        # One-token decode times while recording (medians); c = draft / target.
+        "measured": {
+            "target_token_ms": round(t1_ms, 2),
+            "draft_token_ms": round(draft_ms, 2),
+            "c": round(draft_ms / t1_ms, 3),
+        },
+        "prompts": records,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(trace, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(
+        f"wrote {out} ({len(records)} prompts) in {time.perf_counter() - started:.0f}s; "
+        f"target {t1_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c={draft_ms / t1_ms:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
