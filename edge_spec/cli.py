@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
+    from .bench.command import add_bench_parser
+    from .device import add_profile_parser
+    from .simulate import add_simulate_parser
+
+    add_profile_parser(sub)
+    add_simulate_parser(sub)
+    add_bench_parser(sub)
+
     models = sub.add_parser("models", help="list or prepare the registry models")
     msub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     msub.add_parser("list", help="show the manifest's models and whether they are ready")
@@ -83,6 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "profile":
+            from .device import run_profile
+
+            return run_profile(args)
+        if args.command == "simulate":
+            from .simulate import run_simulate
+
+            return run_simulate(args)
+        if args.command == "bench":
+            from .bench.command import run_bench_command
+
+            return run_bench_command(args)
         return _models(args)
     except EdgeSpecError as exc:
         print(f"edge-spec: error: {exc}", file=sys.stderr)

@@ -29,9 +29,12 @@ class Strategy:
     k: int = 4
     k_max: int = 8
 
-    def config(self, max_tokens: int, sampling: SamplingParams) -> GenerationConfig:
+    def config(
+        self, max_tokens: int, sampling: SamplingParams, stop: tuple[str, ...] = ()
+    ) -> GenerationConfig:
         return GenerationConfig(
             max_tokens=max_tokens,
+            stop=stop,
             k=self.k,
             k_max=self.k_max,
             draft_mode=self.draft_mode,  # type: ignore[arg-type]
@@ -41,6 +44,10 @@ class Strategy:
 
 
 TARGET = Strategy("target", "none", "fixed", k=0)
+
+# Completion prompts are few-shot transcripts: without these a base model runs on into the
+# next "Question:" or "User:" turn it invented. Chat prompts end at the template's EOS.
+COMPLETION_STOPS = ("\nQuestion:", "\n\nProblem:", "\nUser:", "\n```\n", "\n\nText:")
 
 
 def parse_strategy(spec: str) -> Strategy:
@@ -155,7 +162,8 @@ def run_bench(
             for temperature in temperatures:
                 sampling = SamplingParams(temperature=temperature, seed=seed + 1000 * repeat + i)
                 for strategy in order:
-                    result = spec.generate(text, strategy.config(max_tokens, sampling))
+                    stop = () if chat else COMPLETION_STOPS
+                    result = spec.generate(text, strategy.config(max_tokens, sampling, stop))
                     run = Run.of(prompt, strategy, temperature, repeat, result)
                     runs.append(run)
                     if on_run is not None:

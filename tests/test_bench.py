@@ -1,0 +1,123 @@
+"""Benchmark aggregation (pure) and the strategy grammar."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_spec.bench.report import ALL, markdown_table, summarize
+from edge_spec.bench.runner import TARGET, Run, parse_strategy
+
+
+def run(
+    prompt: str,
+    category: str,
+    strategy: str,
+    tokens: int,
+    seconds: float,
+    drafted=(),
+    accepted=(),
+    k_chosen=(0,),
+) -> Run:
+    return Run(
+        prompt_id=prompt,
+        category=category,
+        kind="input_reusing",
+        strategy=strategy,
+        temperature=0.0,
+        repeat=0,
+        n_prompt_tokens=10,
+        n_generated=tokens,
+        decode_s=seconds,
+        tokens_per_s=tokens / seconds,
+        n_steps=tokens,
+        n_drafted=sum(drafted),
+        n_accepted=sum(accepted),
+        drafted_per_position=tuple(drafted),
+        accepted_per_position=tuple(accepted),
+        steps_by_source={"none": tokens},
+        k_chosen=tuple(k_chosen),
+        prefill_s=0.0,
+        draft_s=0.0,
+        verify_s=seconds,
+        other_s=0.0,
+        finish_reason="length",
+        token_ids=(),
+    )
+
+
+def test_parse_strategy() -> None:
+    assert parse_strategy("target") == TARGET
+    assert parse_strategy("model-k3").k == 3 and parse_strategy("model-k3").policy == "fixed"
+    assert parse_strategy("ngram-cost").draft_mode == "ngram"
+    assert parse_strategy("auto").policy == "cost"
+    for bad in ("model", "foo-k2", "model-kx", "ngram-magic"):
+        with pytest.raises(ValueError):
+            parse_strategy(bad)
+
+
+def test_speedup_is_a_ratio_of_aggregates_over_the_same_prompts() -> None:
+    runs = [
+        run("a", "code", "target", 60, 1.0),
+        run("b", "code", "target", 60, 1.0),
+        run("a", "code", "fast", 60, 0.5, drafted=(10, 5), accepted=(8, 3), k_chosen=(0, 0, 10)),
+        run("b", "code", "fast", 60, 0.5, drafted=(10,), accepted=(5,), k_chosen=(2, 8)),
+        run("c", "math", "target", 30, 1.0),
+        run("c", "math", "fast", 30, 1.5),
+    ]
+    by_key = {(s.category, s.strategy): s for s in summarize(runs, n_boot=200)}
+    code = by_key[("code", "fast")]
+    assert code.speedup == pytest.approx(2.0)
+    assert code.speedup_ci95 == pytest.approx((2.0, 2.0))
+    assert code.acceptance_rate == pytest.approx(16 / 25)
+    assert code.acceptance_per_position == pytest.approx((13 / 20, 3 / 5))
+    assert code.k_chosen == (2, 8, 10)
+    assert by_key[("math", "fast")].speedup == pytest.approx(1 / 1.5)
+    overall = by_key[(ALL, "fast")]
+    assert overall.speedup == pytest.approx((150 / 2.5) / (150 / 3.0))
+    low, high = overall.speedup_ci95
+    assert low <= overall.speedup <= high
+    assert by_key[(ALL, "target")].speedup == pytest.approx(1.0)
+    table = markdown_table(summarize(runs, n_boot=50))
+    assert "| code | 0 | fast |" in table and "2.00×" in table
+
+
+@pytest.mark.models
+def test_bench_command_writes_results(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_spec.cli",
+            "bench",
+            "--quick",
+            "--categories",
+            "code_editing",
+            "--strategies",
+            "auto",
+            "ngram-k4",
+            "model-k2",
+            "--max-tokens",
+            "16",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "results.json").read_text())
+    assert {r["strategy"] for r in record["runs"]} == {"target", "auto", "ngram-k4", "model-k2"}
+    assert len(record["runs"]) == 2 * 4  # 2 quick prompts x (target + 3 strategies)
+    assert record["versions"]["llama_cpp_python"] and record["peak_rss_bytes"] > 0
+    summaries = {(s["category"], s["strategy"]): s for s in record["summaries"]}
+    assert summaries[("code_editing", "target")]["speedup"] == pytest.approx(1.0)
+    assert summaries[("all", "model-k2")]["acceptance_rate"] > 0
+    assert "| code_editing | 0 | auto |" in (out / "results.md").read_text()
