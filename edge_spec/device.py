@@ -26,6 +26,7 @@ from typing import Any
 from . import backend, probes
 from .errors import EdgeSpecError
 from .files import HashCache, atomic_output, locked
+from .gguf import check_gguf_file
 from .models import cache_dir
 from .policy import CostCurve
 from .probes import FULL, N_VERIFY, QUICK, HostInfo, ModelCost
@@ -53,11 +54,12 @@ class DeviceProfile:
 
     def cost_curve(self) -> CostCurve:
         """The pair's costs for the k policies: the target's t(n), the draft's t(1) per draft
-        token (0.0 without a draft model), and the n-gram lookup."""
+        token and its own t(n) (0.0 and () without a draft model), and the n-gram lookup."""
         return CostCurve(
             verify_s=self.target.verify_s,
             draft_token_s=self.draft.verify_s[0] if self.draft else 0.0,
             ngram_s=self.ngram_s,
+            draft_verify_s=self.draft.verify_s if self.draft else (),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,7 +184,7 @@ def _request(
     draft = Path(draft_path) if draft_path is not None else None
     for path in (target, draft):
         if path is not None:
-            backend.check_gguf_file(path)  # a clear ModelFileError before hashing anything
+            check_gguf_file(path)  # a clear ModelFileError before hashing anything
     threads = n_threads or backend.default_threads()
     offload = backend.supports_gpu_offload()
     layers = n_gpu_layers if offload else 0

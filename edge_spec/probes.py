@@ -56,10 +56,12 @@ class ProfileSettings:
     bandwidth_repeats: int
 
 
+# Quick mode times every n a CPU policy is likely to use (k <= 7) and a few beyond: t(n) is not
+# smooth (kernels tile the batch; a Q4_0 model can decode 8 tokens faster than 5).
 QUICK = ProfileSettings(
     n_ctx_probe=256,
-    ns=(1, 2, 3, 4, 5, 6, 8, 12, 16),
-    repeats=7,
+    ns=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16),
+    repeats=5,
     min_repeats=3,
     budget_s=5.0,
     bandwidth_mib=128,

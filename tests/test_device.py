@@ -75,7 +75,7 @@ def _profile(quick: bool = True, key: str = "k", draft: bool = True) -> DevicePr
 
 
 def _gguf(path: Path, payload: bytes = b"weights") -> Path:
-    """A file that passes backend.check_gguf_file (magic, version 3); never loaded."""
+    """A file that passes gguf.check_gguf_file (magic, version 3); never loaded."""
     path.write_bytes(b"GGUF" + struct.pack("<I", 3) + bytes(16) + payload)
     return path
 
@@ -115,10 +115,12 @@ def test_cost_curve_from_a_handmade_profile() -> None:
     curve = profile.cost_curve()
     assert curve.verify_s == profile.target.verify_s and len(curve.verify_s) == 16
     assert curve.draft_token_s == profile.draft.t(1) == 0.010
+    assert curve.draft_verify_s == profile.draft.verify_s
     assert curve.ngram_s == 5e-5
     assert curve.c == pytest.approx(0.5)
     assert curve.t(4) == pytest.approx(0.026)
-    assert _profile(draft=False).cost_curve().draft_token_s == 0.0
+    alone = _profile(draft=False).cost_curve()
+    assert alone.draft_token_s == 0.0 and alone.draft_verify_s == ()
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
