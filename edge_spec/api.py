@@ -345,7 +345,8 @@ class EdgeSpec:
         self, mode: DraftMode, cfg: GenerationConfig
     ) -> tuple[dict[SourceName, DraftSource], KPolicy]:
         """The draft sources a mode allows and the k policy that chooses among them. Policies
-        are kept per (mode, policy, k, k_max), so what they learn carries over between requests."""
+        are kept per (mode, policy, k, k_max, greedy), so what they learn carries over between
+        requests."""
         names: tuple[SourceName, ...] = {
             "auto": ("model", "ngram", "none"),
             "model": ("model", "none"),
@@ -356,7 +357,8 @@ class EdgeSpec:
         policy_name = cfg.policy or ("cost" if mode == "auto" else "fixed")
         if mode == "none":
             policy_name = "fixed"
-        key = (mode, policy_name, cfg.k, cfg.k_max)
+        # Acceptance differs between greedy and sampled decoding: learn them apart.
+        key = (mode, policy_name, cfg.k, cfg.k_max, cfg.sampling.greedy)
         if key not in self._policies:
             costs = self.cost_curve() if policy_name == "cost" else None
             k = cfg.k if mode != "none" else 0

@@ -172,6 +172,8 @@ def load_profile(name_or_path: str | Path) -> CurveProfile:
             known = ", ".join(list_profiles())
             raise ValueError(f"unknown device profile {str(name_or_path)!r}; known: {known}")
     data = json.loads(path.read_text(encoding="utf-8"))
+    if "host" in data and "target" in data:  # a profile measured by `edge-spec profile`
+        return _measured_curve(path, data)
     t_rel = tuple(float(x) for x in data["t_rel"])
     if not t_rel or abs(t_rel[0] - 1.0) > 1e-9 or min(t_rel) <= 0:
         raise ValueError(f"{path}: t_rel must start at 1.0 and be positive")
@@ -183,6 +185,28 @@ def load_profile(name_or_path: str | Path) -> CurveProfile:
         t_rel=t_rel,
         c=float(data["c"]),
         ngram_s=float(data.get("ngram_s", 2e-5)),
+        raw=data,
+    )
+
+
+def _measured_curve(path: Path, data: dict) -> CurveProfile:
+    """A device profile measured here (edge_spec.device), seen as a curve: the target's t(n)
+    relative to t(1), and c = the draft's t(1) over the target's."""
+    from .device import DeviceProfile
+
+    profile = DeviceProfile.from_dict(data)
+    costs = profile.cost_curve()
+    t1_s = costs.verify_s[0]
+    host = profile.host
+    return CurveProfile(
+        name=f"measured-{path.stem[:8]}",
+        description=f"measured by edge-spec profile on {host.hostname} ({host.cpu_model}), "
+        f"target {profile.target.file_name}",
+        source=str(path),
+        t1_ms=t1_s * 1e3,
+        t_rel=tuple(t / t1_s for t in costs.verify_s),
+        c=costs.c,
+        ngram_s=costs.ngram_s,
         raw=data,
     )
 
