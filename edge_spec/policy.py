@@ -266,6 +266,33 @@ class AcceptanceEstimate:
                 self.accepted[i] += 1.0
 
 
+class RequestEstimate:
+    """A request's own acceptance, shrunk towards a shared estimate: the shared one carries what
+    was learned across requests, this one follows the text at hand (code being copied, or prose
+    that does not repeat) within a few steps. Evidence goes to both."""
+
+    def __init__(self, shared: AcceptanceEstimate, weight: float = 3.0) -> None:
+        self.shared = shared
+        self.weight = weight
+        n = len(shared.reached)
+        self.accepted = [0.0] * n
+        self.reached = [0.0] * n
+
+    def alphas(self, k: int) -> list[float]:
+        w, n = self.weight, len(self.reached)
+        return [
+            (self.accepted[i] + w * g) / (self.reached[i] + w) if i < n else g
+            for i, g in enumerate(self.shared.alphas(k))
+        ]
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        self.shared.observe(n_drafted, n_accepted)
+        for i in range(min(n_drafted, n_accepted + 1, len(self.reached))):
+            self.reached[i] += 1.0
+            if i < n_accepted:
+                self.accepted[i] += 1.0
+
+
 class ConfidenceCalibration:
     """P(a draft token is accepted | the draft's probability for it), per confidence bin, from
     decayed counts; each bin's prior is the confidence itself (a calibrated draft)."""
@@ -426,6 +453,7 @@ class CostModelK:
         probe_max: int = 128,
         probe_budget: float = 0.02,
         forget_rate: float = 0.99,
+        margin: float = 0.05,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
@@ -434,6 +462,9 @@ class CostModelK:
         self.costs = OnlineCosts(costs, k_max + 1)
         self.probe_min, self.probe_max, self.probe_budget = probe_min, probe_max, probe_budget
         self.forget_rate = forget_rate
+        # Drafting must beat a plain step by this much: acceptance estimates are noisy and a
+        # wrong guess costs a whole batch, while skipping a marginal draft costs little.
+        self.margin = margin
         n = max(k_max, 1)
         self.model = AcceptanceEstimate(prior["model"], n, decay)
         # Longer matched n-grams predict acceptance better: separate estimates, priors graded.
@@ -456,9 +487,10 @@ class CostModelK:
         self._k_plan = 0
         self._alphas: list[float] = []
         self._reach = 1.0  # P(every model token so far this step is accepted)
+        self._ngram_request = {m: RequestEstimate(shared) for m, shared in self.ngram.items()}
 
-    def _bucket(self, match_len: int) -> AcceptanceEstimate:
-        return self.ngram[min(max(match_len, 1), 3)]
+    def _bucket(self, match_len: int) -> RequestEstimate:
+        return self._ngram_request[min(max(match_len, 1), 3)]
 
     def _best_k(
         self, alphas: Sequence[float], k_cap: int, fixed_s: float, per_token_s: float
@@ -496,7 +528,9 @@ class CostModelK:
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
     ) -> StepPlan:
         options = self.options(sources, k_cap, ngram)
-        source: SourceName = max(options, key=lambda s: options[s][1])
+        source: SourceName = max(
+            options, key=lambda s: options[s][1] / (1.0 if s == "none" else 1.0 + self.margin)
+        )
         k, rate = options[source]
         self._candidate = ngram
         for name in DRAFT_SOURCES:
@@ -572,7 +606,7 @@ class CostModelK:
         self.costs.observe(outcome, self.n_fresh)
         self.n_fresh = model_lag_after(self.n_fresh, outcome)
         used = outcome.source if outcome.n_drafted > 0 else "none"
-        observed: list[AcceptanceEstimate] = []
+        observed: list[AcceptanceEstimate | RequestEstimate] = []
         if used == "model":
             observed.append(self.model)
             self.model.observe(outcome.n_drafted, outcome.n_accepted)
@@ -598,8 +632,9 @@ class CostModelK:
         self._candidate = None
         # Evidence about a source that goes unused fades slowly, so that a source written off
         # long ago is tried again at its prior (besides the probes).
+        seen_shared = [getattr(seen, "shared", seen) for seen in observed]
         for estimate in (self.model, *self.ngram.values()):
-            if all(estimate is not seen for seen in observed):
+            if all(estimate is not seen for seen in seen_shared):
                 estimate.forget(self.forget_rate)
         for name, probe in self.probes.items():
             if name == used:
