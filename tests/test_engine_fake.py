@@ -121,3 +121,20 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
     tv = 0.5 * float(np.abs(empirical - exact).sum())
     assert n_drafted > N_RUNS // 2  # speculation really happened
     assert tv < tv_bound(N_RUNS, N_VOCAB**2), tv
+
+
+def test_ngram_index_answers_like_the_plain_scan() -> None:
+    from edge_spec.drafts.ngram import NgramIndex, lookup
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        index = NgramIndex(max_ngram=3)
+        context = rng.integers(0, 6, size=3).tolist()
+        for _ in range(60):
+            k = int(rng.integers(0, 6))
+            assert index.lookup(context, k, 1) == lookup(context, k, 3, 1), context
+            assert index.lookup(context, k, 2) == lookup(context, k, 3, 2)
+            context += rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()
+        # A context that is not an extension (a new request) is re-indexed, not mixed up.
+        other = rng.integers(0, 6, size=20).tolist()
+        assert index.lookup(other, 4, 1) == lookup(other, 4, 3, 1)

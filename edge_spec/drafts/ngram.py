@@ -3,6 +3,10 @@
 Finds the longest suffix n-gram (max_ngram down to min_ngram tokens) that occurred earlier in
 the context and proposes the tokens that followed its most recent occurrence. Deterministic,
 so it carries no p_draft; verification treats each token as a point mass.
+
+It runs on every step of the auto mode, so it keeps an index of the context's n-grams that
+grows with the context instead of scanning it each step; `lookup` is the plain scan, the
+reference the index is tested against.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ class NgramDraft:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
+        self._index = NgramIndex(max_ngram)
+
     def begin(self, prompt: Sequence[int]) -> None:
-        pass
+        self._index = NgramIndex(self.max_ngram)
 
     def candidate(self, context: Sequence[int], k: int) -> NgramCandidate:
         """What a proposal of up to k tokens would be, with the length of the n-gram matched."""
-        tokens, match_len = lookup(context, k, self.max_ngram, self.min_ngram)
+        tokens, match_len = self._index.lookup(context, k, self.min_ngram)
         return NgramCandidate(tokens, match_len)
 
     def propose(
@@ -42,6 +48,35 @@ class NgramDraft:
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         return Draft(tokens=self.candidate(context, k).tokens)
+
+
+class NgramIndex:
+    """For each n-gram (n <= max_ngram) of a growing context, where its most recent occurrence
+    ended. Updating costs max_ngram dict writes per new token; a lookup, max_ngram reads."""
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self._seen: list[int] = []  # the indexed context (all but its last token)
+        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> end (exclusive) of its last use
+
+    def lookup(self, context: Sequence[int], k: int, min_ngram: int) -> tuple[tuple[int, ...], int]:
+        """The same answer as `lookup(context, k, max_ngram, min_ngram)`."""
+        n_ctx, n_seen = len(context), len(self._seen)
+        if n_ctx <= n_seen or list(context[:n_seen]) != self._seen:
+            n_seen = 0  # not an extension of what was indexed: start over
+            self._seen, self._ends = [], {}
+        # Index every n-gram ending before the last position: the suffix itself must not match.
+        for end in range(n_seen + 1, n_ctx):
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self._ends[tuple(context[end - n : end])] = end
+        self._seen.extend(context[n_seen : n_ctx - 1])
+        if k <= 0:
+            return NO_DRAFT.tokens, 0
+        for n in range(min(self.max_ngram, n_ctx - 1), min_ngram - 1, -1):
+            start = self._ends.get(tuple(context[n_ctx - n :]))
+            if start is not None:
+                return tuple(int(t) for t in context[start : start + k]), n
+        return NO_DRAFT.tokens, 0
 
 
 def lookup(
