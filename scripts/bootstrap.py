@@ -54,10 +54,20 @@ def venv_python() -> Path:
     return VENV / sub
 
 
+def find_nvcc() -> str | None:
+    """nvcc on PATH, or where JetPack and the CUDA installers put it."""
+    found = shutil.which("nvcc")
+    if found is None and Path("/usr/local/cuda/bin/nvcc").exists():
+        found = "/usr/local/cuda/bin/nvcc"
+    return found
+
+
 def has_nvidia_gpu() -> bool:
     """A CUDA toolkit alone is not enough: this project's CI machines have nvcc and no GPU."""
-    if not shutil.which("nvcc"):
+    if not find_nvcc():
         return False
+    if Path("/etc/nv_tegra_release").exists():  # Jetson: integrated GPU, no nvidia-smi
+        return True
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
@@ -137,6 +147,8 @@ def ensure_llama_cpp(py: Path) -> None:
         log(f"building llama-cpp-python {LLAMA_CPP_VERSION} (a few minutes) with: {' '.join(args)}")
         wheel_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
+        if "-DGGML_CUDA=on" in args:
+            env.setdefault("CUDACXX", find_nvcc() or "nvcc")
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         run(
             [
