@@ -121,3 +121,18 @@ def test_bench_command_writes_results(tmp_path) -> None:
     assert summaries[("code_editing", "target")]["speedup"] == pytest.approx(1.0)
     assert summaries[("all", "model-k2")]["acceptance_rate"] > 0
     assert "| code_editing | 0 | auto |" in (out / "results.md").read_text()
+
+
+def test_plots_are_written(tmp_path) -> None:
+    from edge_spec.bench.plots import write_plots
+
+    runs = [
+        run("a", "code", "target", 60, 1.0),
+        run("a", "code", "model-k2", 60, 1.2, drafted=(10, 8), accepted=(8, 5), k_chosen=(0, 0, 9)),
+        run("a", "code", "model-k4", 60, 1.4, drafted=(8, 6, 5, 4), accepted=(6, 5, 4, 2)),
+        run("a", "code", "auto", 60, 0.7, drafted=(9, 7), accepted=(8, 6), k_chosen=(3, 0, 7)),
+    ]
+    paths = write_plots(summarize(runs, n_boot=20), tmp_path)
+    assert len(paths) == 3
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000

@@ -33,6 +33,7 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="bench/results/latest", help="output folder")
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -106,4 +107,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     print("\n\n".join(tables))
     print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
+    if not args.no_plots:
+        from .plots import write_plots
+
+        for path in write_plots(summaries, out):
+            print(f"wrote {path}")
     return 0
