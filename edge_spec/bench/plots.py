@@ -16,8 +16,11 @@ FIXED_K = re.compile(r"^(model|ngram)-k(\d+)$")
 def write_plots(summaries: Sequence[Summary], out: Path) -> list[Path]:
     """Writes the plots into `out`; returns their paths (one set per temperature)."""
     import matplotlib
+    from cycler import cycler
 
     matplotlib.use("Agg")
+    # 20 distinct colours: a full bench has more strategies than the default cycle's 10.
+    matplotlib.rcParams["axes.prop_cycle"] = cycler(color=matplotlib.colormaps["tab20"].colors)
     paths = []
     for temperature in sorted({s.temperature for s in summaries}):
         rows = [s for s in summaries if s.temperature == temperature]
@@ -89,7 +92,7 @@ def _tokens_per_s_by_k(rows: Sequence[Summary], path: Path) -> Path:
     others = [s for s in overall if not FIXED_K.match(s.strategy)]
     for i, s in enumerate(others):
         style = "-" if s.strategy == TARGET.name else "--"
-        color = "black" if s.strategy == TARGET.name else f"C{(i + 2) % 10}"
+        color = "black" if s.strategy == TARGET.name else f"C{(i + 4) % 10}"
         ax.axhline(s.tokens_per_s, linestyle=style, color=color, linewidth=1, label=s.strategy)
     ax.set_xlabel("k (draft length)")
     ax.set_ylabel("tokens/s")
