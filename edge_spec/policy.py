@@ -184,28 +184,17 @@ class FixedK:
         pass
 
 
-class HeuristicK:
+class HeuristicK(FixedK):
     """transformers' "heuristic" schedule: after a step whose drafted tokens were all accepted
-    k += 2, otherwise k = max(1, k - 1); k stays within [1, k_max] and carries over requests."""
+    k += 2, otherwise k = max(1, k - 1); k stays within [1, k_max] and carries over requests.
+    Plans like FixedK with the current k."""
 
     def __init__(self, k_start: int = 4, k_max: int = 8, source: SourceName | None = None) -> None:
         if not 1 <= k_start <= k_max:
             raise ValueError(f"need 1 <= k_start <= k_max, got {k_start}, {k_max}")
-        self.k = k_start
+        super().__init__(k_start, source)
         self.k_max = k_max
-        self.source = source
         self.name = f"heuristic-{source or 'auto'}"
-
-    def begin(self) -> None:
-        pass
-
-    def plan(
-        self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
-    ) -> StepPlan:
-        return _clamp_k(_pick_source(self.source, sources), self.k, k_cap, ngram)
-
-    def keep_drafting(self, i: int, confidence: float) -> bool:
-        return True
 
     def update(self, outcome: StepOutcome) -> None:
         if outcome.source == "none" or outcome.n_drafted == 0:
