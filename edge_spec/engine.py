@@ -18,7 +18,7 @@ from .backend import LlamaModel
 from .drafts import NO_DRAFT, Draft, DraftSource, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
 from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
-from .sampling import SamplingParams, make_rng, probs_from_logits
+from .sampling import LazyProbs, SamplingParams, make_rng
 from .verify import Verdict, verify_greedy, verify_rejection
 
 log = logging.getLogger(__name__)
@@ -145,5 +145,5 @@ def _verify(
 ) -> Verdict:
     if sampling.greedy:
         return verify_greedy(draft.tokens, logits)
-    p_target = probs_from_logits(logits, sampling)  # (k + 1, n_vocab)
+    p_target = LazyProbs(logits, sampling)  # (k + 1, n_vocab), rows computed as reached
     return verify_rejection(draft.tokens, draft.p_draft, p_target, rng)

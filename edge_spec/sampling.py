@@ -15,7 +15,7 @@ import numpy as np
 
 from edge_spec.errors import InvalidRequestError
 
-__all__ = ["SamplingParams", "argmax", "make_rng", "probs_from_logits", "sample"]
+__all__ = ["LazyProbs", "SamplingParams", "argmax", "make_rng", "probs_from_logits", "sample"]
 
 # Candidate-set sizes top-p tries before a full sort: the nucleus is usually small, and each try
 # costs O(n_vocab) where a full sort of a 262,144-token row costs O(n_vocab log n_vocab).
@@ -87,6 +87,40 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     for row, out_row in zip(rows, out, strict=True):
         _fill_probs(row, params, out_row)
     return out.reshape(values.shape)
+
+
+class LazyProbs:
+    """probs_from_logits(logits, params) row by row, each row computed when first indexed.
+
+    Verification reads rows only up to the first rejection; at temperature > 0 one row over a
+    262,144-token vocabulary costs a sizeable part of a decode on a CPU, so a rejected draft
+    must not pay for the rows after it. Requires what probs_from_logits requires of a 2-D array.
+    """
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+        if params.greedy:
+            raise ValueError("temperature 0 is greedy: take argmax(logits), not probabilities")
+        if logits.ndim != 2 or logits.shape[1] == 0:
+            raise ValueError(f"logits must have shape (n, n_vocab), got {logits.shape}")
+        self._logits = logits
+        self._params = params
+        self._rows: dict[int, np.ndarray] = {}
+        self.shape: tuple[int, int] = logits.shape
+        self.ndim = 2
+
+    @property
+    def n_computed(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Row i (float64, sums to 1)."""
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError("LazyProbs is indexed by one row number")
+        if i not in self._rows:
+            row = np.empty(self.shape[1], dtype=np.float64)
+            _fill_probs(self._logits[i], self._params, row)
+            self._rows[i] = row
+        return self._rows[i]
 
 
 def _fill_probs(row: np.ndarray, params: SamplingParams, out_row: np.ndarray) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_spec.sampling import argmax, sample
+from edge_spec.sampling import LazyProbs, argmax, sample
 
 __all__ = ["Verdict", "verify_greedy", "verify_rejection"]
 
@@ -51,7 +51,7 @@ def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Ver
 def verify_rejection(
     draft_tokens: Sequence[int],
     p_draft: np.ndarray | None,
-    p_target: np.ndarray,
+    p_target: np.ndarray | LazyProbs,
     rng: np.random.Generator,
 ) -> Verdict:
     """Rejection-sampling verification (Leviathan et al. 2023; Chen et al. 2023), temperature > 0.
@@ -61,7 +61,8 @@ def verify_rejection(
     norm(max(0, p_target[i] - p_draft[i])) and ends the step; if all k pass, a bonus token is drawn
     from p_target[k]. The tokens produced are distributed exactly as sampling from p_target.
 
-    Requires: p_target of shape (k + 1, n_vocab), rows summing to 1; p_draft of shape (k, n_vocab)
+    Requires: p_target of shape (k + 1, n_vocab), rows summing to 1 (an array, or LazyProbs so
+    that rows after the first rejection are never computed); p_draft of shape (k, n_vocab)
     with the rows the draft tokens were sampled from, after the same sampling transform, or None
     for a deterministic draft (n-gram lookup, greedy draft), which is a point mass on each draft
     token. Inputs are not modified.
@@ -74,24 +75,26 @@ def verify_rejection(
             f"p_draft must have shape ({k}, {p_target.shape[1]}) for k={k}, got {p_draft.shape}"
         )
     for i, token in enumerate(tokens):
-        p_target_x = p_target[i, token]
+        p_target_row = p_target[i]
         p_draft_x = 1.0 if p_draft is None else p_draft[i, token]
         # u < p_target/p_draft without dividing: also right when p_draft_x is 0.
-        if rng.random() * p_draft_x < p_target_x:
+        if rng.random() * p_draft_x < p_target_row[token]:
             continue
         if p_draft is None:
-            residual = p_target[i].copy()  # point-mass draft: the residual is p_target without x
+            residual = p_target_row.copy()  # point-mass draft: the residual is p_target without x
             residual[token] = 0.0
         else:
-            residual = p_target[i] - p_draft[i]
+            residual = p_target_row - p_draft[i]
             np.maximum(residual, 0.0, out=residual)
         if residual.sum() <= _RESIDUAL_EPS:
-            residual = p_target[i]
+            residual = p_target_row
         return Verdict(tokens[:i] + (sample(residual, rng),), i)
     return Verdict(tokens + (sample(p_target[k], rng),), k)
 
 
-def _checked_tokens(draft_tokens: Sequence[int], rows: np.ndarray, name: str) -> tuple[int, ...]:
+def _checked_tokens(
+    draft_tokens: Sequence[int], rows: np.ndarray | LazyProbs, name: str
+) -> tuple[int, ...]:
     """Return draft_tokens as a tuple of ints after checking rows is (k + 1, n_vocab)."""
     tokens = tuple(int(token) for token in draft_tokens)
     k = len(tokens)

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import InvalidRequestError
-from edge_spec.sampling import SamplingParams, argmax, make_rng, probs_from_logits, sample
+from edge_spec.sampling import (
+    LazyProbs,
+    SamplingParams,
+    argmax,
+    make_rng,
+    probs_from_logits,
+    sample,
+)
 
 # ---------------------------------------------------------------- validation
 
@@ -221,6 +228,24 @@ def test_one_d_input_gives_one_d_output() -> None:
     assert probs.shape == LOGITS.shape
     two_d = probs_from_logits(LOGITS[None, :], SamplingParams(temperature=0.9, top_k=3))
     np.testing.assert_array_equal(two_d[0], probs)
+
+
+def test_lazy_probs_equal_the_eager_rows_and_compute_only_what_is_read() -> None:
+    logits = np.stack([LOGITS, LOGITS[::-1], LOGITS * 0.5])
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    eager = probs_from_logits(logits, params)
+    lazy = LazyProbs(logits, params)
+    assert lazy.shape == eager.shape and lazy.n_computed == 0
+    np.testing.assert_array_equal(lazy[1], eager[1])
+    assert lazy.n_computed == 1
+    np.testing.assert_array_equal(lazy[1], eager[1])  # cached, not recomputed
+    assert lazy.n_computed == 1
+    np.testing.assert_array_equal(lazy[0], eager[0])
+    assert lazy.n_computed == 2
+    with pytest.raises(ValueError, match="greedy"):
+        LazyProbs(logits, SamplingParams())
+    with pytest.raises(TypeError):
+        lazy[0, 1]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------- sample / argmax / rng

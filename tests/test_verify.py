@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
 
-from edge_spec.sampling import SamplingParams, argmax, make_rng, sample
+from edge_spec.sampling import (
+    LazyProbs,
+    SamplingParams,
+    argmax,
+    make_rng,
+    probs_from_logits,
+    sample,
+)
 from edge_spec.verify import Verdict, verify_greedy, verify_rejection
 
 Verifier = Callable[[Sequence[int], np.ndarray | None, np.ndarray, np.random.Generator], Verdict]
@@ -123,6 +130,19 @@ def test_rejection_degenerate_residual_falls_back_to_target() -> None:
     p_draft = _read_only(np.array([[0.6, 0.3, 0.2, 0.0, 0.0]]))
     verdict = verify_rejection([0], p_draft, p_target, _Draws(0.99, 0.9))  # type: ignore[arg-type]
     assert verdict == Verdict((2,), 0)  # 0.9 falls in token 2's share of p_target[0]
+
+
+def test_rejection_with_lazy_rows_stops_computing_at_the_first_rejection() -> None:
+    # Row 0 gives token 0 no mass: a point-mass draft of it is rejected there, and rows 1..3
+    # (the later positions and the bonus) are never computed; same verdict as the eager rows.
+    logits = np.zeros((4, N_VOCAB), dtype=np.float32)
+    logits[0, 0] = -np.inf
+    params = SamplingParams(temperature=0.8)
+    lazy = LazyProbs(logits, params)
+    verdict = verify_rejection([0, 1, 2], None, lazy, make_rng(5))
+    assert verdict.n_accepted == 0 and lazy.n_computed == 1
+    eager = _read_only(probs_from_logits(logits, params))
+    assert verify_rejection([0, 1, 2], None, eager, make_rng(5)) == verdict
 
 
 def test_rejection_rejects_bad_shapes_and_tokens() -> None:
