@@ -44,6 +44,8 @@ class EngineConfig:
     mem_budget_bytes: int | None = None  # RAM the pair may use; None: what is free now
     ngram_max: int = 3
     ngram_min: int = 1
+    # Earlier requests' prompts and outputs the n-gram source drafts from (0: this request only).
+    ngram_session_tokens: int = 32768
 
     def __post_init__(self) -> None:
         checks = [
@@ -52,6 +54,10 @@ class EngineConfig:
             (
                 self.n_threads is None or self.n_threads >= 1,
                 f"n_threads must be >= 1, got {self.n_threads}",
+            ),
+            (
+                self.ngram_session_tokens >= 0,
+                f"ngram_session_tokens must be >= 0, got {self.ngram_session_tokens}",
             ),
             (
                 1 <= self.ngram_min <= self.ngram_max,
@@ -69,7 +75,7 @@ class GenerationConfig:
 
     max_tokens: int = 128
     k: int = 4  # the fixed policy's draft length (the heuristic's starting point)
-    k_max: int = 8  # the adaptive policies' cap
+    k_max: int = 16  # the adaptive policies' cap (the profile measures t(n) up to n = 16)
     draft_mode: DraftMode | None = None  # None: the EdgeSpec's default
     policy: PolicyName | None = None  # None: "cost" for auto, "fixed" otherwise
     stop: tuple[str, ...] = ()
@@ -195,7 +201,7 @@ class EdgeSpec:
         )
         self._sources: dict[str, DraftSource] = {
             "none": NoDraft(),
-            "ngram": NgramDraft(cfg.ngram_max, cfg.ngram_min),
+            "ngram": NgramDraft(cfg.ngram_max, cfg.ngram_min, cfg.ngram_session_tokens),
         }
         self.draft: LlamaModel | None = None
         if self.draft_path is not None:
@@ -222,6 +228,15 @@ class EdgeSpec:
         if self.draft is not None:
             self.draft.close()
         self.target.close()
+
+    def clear_session(self) -> None:
+        """Forget earlier requests' text (the n-gram source drafts from it); what the k policies
+        learned stays. Benchmarks call this between runs so no run drafts from another's
+        output of the same prompt."""
+        with self._lock:
+            ngram = self._sources["ngram"]
+            assert isinstance(ngram, NgramDraft)
+            ngram.clear_session()
 
     def __enter__(self) -> EdgeSpec:
         return self

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how k is chosen (default: cost for auto, fixed otherwise)",
     )
     gen.add_argument("--k", type=int, default=4, help="draft length for the fixed policy")
-    gen.add_argument("--k-max", type=int, default=8, help="cap for the adaptive policies")
+    gen.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
     gen.add_argument("--max-tokens", "-n", type=int, default=128)
     gen.add_argument("--temperature", "--temp", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -66,11 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .bench.command import add_bench_parser
     from .device import add_profile_parser
+    from .server.command import add_serve_parser
     from .simulate import add_simulate_parser
 
     add_profile_parser(sub)
     add_simulate_parser(sub)
     add_bench_parser(sub)
+    add_serve_parser(sub)
 
     models = sub.add_parser("models", help="list or prepare the registry models")
     msub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
@@ -103,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench.command import run_bench_command
 
             return run_bench_command(args)
+        if args.command == "serve":
+            from .server.command import run_serve
+
+            return run_serve(args)
         return _models(args)
     except EdgeSpecError as exc:
         print(f"edge-spec: error: {exc}", file=sys.stderr)

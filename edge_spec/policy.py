@@ -398,6 +398,9 @@ class OnlineCosts:
 
 # ---- the cost-model policy -------------------------------------------------------------------
 
+# The n-gram source's acceptance is estimated per match length: 1, 2, 3-5, 6-11, 12+ tokens.
+NGRAM_BUCKETS = (1, 2, 3, 6, 12)
+
 
 @dataclass
 class _Probe:
@@ -413,7 +416,7 @@ class CostModelK:
     """Chooses (source, k) per step maximising expected tokens per second.
 
     E(k) = 1 + sum_{j <= k} prod_{i <= j} alpha_i, with alpha_i online per source (and, for
-    the n-gram source, per matched n-gram length 1, 2, 3+); cost = per-step overhead + draft
+    the n-gram source, per match length 1, 2, 3-5, 6-11, 12+); cost = per-step overhead + draft
     cost + t(k + 1), where the model draft's cost includes re-decoding the tokens its cache
     lacks. The plain step (k = 0, E = 1, cost t(1)) is always an option.
 
@@ -456,10 +459,10 @@ class CostModelK:
         self.margin = margin
         n = max(k_max, 1)
         self.model = AcceptanceEstimate(prior["model"], n, decay)
-        # Longer matched n-grams predict acceptance better: separate estimates, priors graded.
+        # Longer matches predict acceptance better: separate estimates, priors graded.
         self.ngram = {
             m: AcceptanceEstimate(min(prior["ngram"] * f, 0.95), n, decay)
-            for m, f in ((1, 0.6), (2, 1.0), (3, 1.4))
+            for m, f in zip(NGRAM_BUCKETS, (0.6, 1.0, 1.4, 1.6, 1.8))
         }
         self.calibration = ConfidenceCalibration()
         self.probes = {s: _Probe(probe_min) for s in DRAFT_SOURCES}
@@ -479,7 +482,7 @@ class CostModelK:
         self._ngram_request = {m: RequestEstimate(shared) for m, shared in self.ngram.items()}
 
     def _bucket(self, match_len: int) -> RequestEstimate:
-        return self._ngram_request[min(max(match_len, 1), 3)]
+        return self._ngram_request[max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))]
 
     def _best_k(
         self, alphas: Sequence[float], k_cap: int, fixed_s: float, per_token_s: float

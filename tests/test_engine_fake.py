@@ -138,3 +138,39 @@ def test_ngram_index_answers_like_the_plain_scan() -> None:
         # A context that is not an extension (a new request) is re-indexed, not mixed up.
         other = rng.integers(0, 6, size=20).tolist()
         assert index.lookup(other, 4, 1) == lookup(other, 4, 3, 1)
+
+
+def test_ngram_session_index_answers_like_the_plain_scan_over_earlier_requests() -> None:
+    from edge_spec.drafts.ngram import NgramIndex, lookup
+
+    rng = np.random.default_rng(9)
+    index = NgramIndex(max_ngram=3, session_tokens=150)
+    history: list[list[int]] = []
+    for _ in range(12):  # requests; the oldest fall out of the 150-token session
+        index.new_document()
+        context = rng.integers(0, 8, size=4).tolist()
+        for _ in range(25):
+            k = int(rng.integers(1, 6))
+            assert index.lookup(context, k, 1) == lookup(context, k, 3, 1, history)
+            context += rng.integers(0, 8, size=int(rng.integers(1, 4))).tolist()
+        index.lookup(context, 1, 1)
+        history.append(context[:-1])
+        while sum(map(len, history)) + 0 > 150 and len(history) > 1:
+            history.pop(0)
+
+
+def test_ngram_draft_reuses_an_earlier_request_and_prefers_the_longest_match() -> None:
+    from edge_spec.drafts.ngram import NgramDraft
+
+    earlier = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    for session_tokens, expected in ((0, ()), (1000, (6, 7, 8))):
+        draft = NgramDraft(max_ngram=2, session_tokens=session_tokens)
+        draft.begin(earlier)
+        draft.candidate(earlier, 3)
+        draft.begin([3, 4, 5])  # a new request repeating the first one's text
+        assert draft.candidate([3, 4, 5], 3).tokens == expected
+    # Two occurrences of the 2-gram (4, 5): the one agreeing further back wins, not the latest.
+    draft = NgramDraft(max_ngram=2)
+    draft.begin([])
+    candidate = draft.candidate([1, 2, 3, 4, 5, 6, 9, 9, 4, 5, 7, 0, 2, 3, 4, 5], 2)
+    assert candidate.tokens == (6, 9) and candidate.match_len == 4

@@ -1,12 +1,17 @@
-"""Prompt-lookup drafting: no model, just the context repeating itself.
+"""Draft-free drafting: the context (and earlier requests) repeating itself.
 
-Finds the longest suffix n-gram (max_ngram down to min_ngram tokens) that occurred earlier in
-the context and proposes the tokens that followed its most recent occurrence. Deterministic,
-so it carries no p_draft; verification treats each token as a point mass.
+Finds the longest suffix n-gram of the context (max_ngram down to min_ngram tokens) that
+occurred before, in this request's context or in the session's earlier requests (their prompts
+and outputs), and proposes the tokens that followed it. Among the recent occurrences of that
+n-gram it takes the one whose agreement with the context reaches furthest back (a suffix
+match, as in SuffixDecoding), ties to the most recent. The match length it reports (up to
+MAX_MATCH tokens) is what the cost policy keys its acceptance estimates on: a 20-token match
+predicts a long copy far better than a 2-token one. Deterministic, so it carries no p_draft;
+verification treats each token as a point mass.
 
-It runs on every step of the auto mode, so it keeps an index of the context's n-grams that
-grows with the context instead of scanning it each step; `lookup` is the plain scan, the
-reference the index is tested against.
+It runs on every step of the auto mode, so it keeps an index that grows with the context
+instead of scanning it each step; `lookup` is the plain scan, the reference the index is
+tested against.
 """
 
 from __future__ import annotations
@@ -19,23 +24,32 @@ from ..policy import NgramCandidate
 from ..sampling import SamplingParams
 from .base import NO_DRAFT, Draft, KeepDrafting
 
+MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
+N_RECENT = 16  # occurrences kept per n-gram
+
 
 class NgramDraft:
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, session_tokens: int = 0) -> None:
+        """session_tokens: how many tokens of earlier requests (prompts and outputs) to keep
+        drafting from; 0 drafts from the current request only."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if session_tokens < 0:
+            raise ValueError(f"session_tokens must be >= 0, got {session_tokens}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-
-        self._index = NgramIndex(max_ngram)
+        self._index = NgramIndex(max_ngram, session_tokens)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self._index = NgramIndex(self.max_ngram)
+        self._index.new_document()
+
+    def clear_session(self) -> None:
+        self._index = NgramIndex(self.max_ngram, self._index.session_tokens)
 
     def candidate(self, context: Sequence[int], k: int) -> NgramCandidate:
-        """What a proposal of up to k tokens would be, with the length of the n-gram matched."""
+        """What a proposal of up to k tokens would be, with the length of the match."""
         tokens, match_len = self._index.lookup(context, k, self.min_ngram)
         return NgramCandidate(tokens, match_len)
 
@@ -51,49 +65,129 @@ class NgramDraft:
 
 
 class NgramIndex:
-    """For each n-gram (n <= max_ngram) of a growing context, where its most recent occurrence
-    ended. Updating costs max_ngram dict writes per new token; a lookup, max_ngram reads."""
+    """The n-grams (n <= max_ngram) of a growing context and of earlier documents (the
+    session), each with where its N_RECENT most recent occurrences ended. Updating costs
+    max_ngram dict writes per new token; a lookup, max_ngram reads and at most N_RECENT
+    backward comparisons of up to MAX_MATCH tokens."""
 
-    def __init__(self, max_ngram: int) -> None:
+    def __init__(self, max_ngram: int, session_tokens: int = 0) -> None:
         self.max_ngram = max_ngram
-        self._seen: list[int] = []  # the indexed context (all but its last token)
-        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> end (exclusive) of its last use
+        self.session_tokens = session_tokens
+        self._docs: list[list[int]] = [[]]  # earlier documents, then the live one (last)
+        self._first = 0  # id of self._docs[0] (ids grow; old documents are dropped)
+        self._ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}  # -> [(doc id, end)]
+
+    @property
+    def _live(self) -> list[int]:
+        return self._docs[-1]
+
+    def new_document(self) -> None:
+        """The live context becomes part of the session (or is forgotten without one)."""
+        if self.session_tokens <= 0:
+            self._docs, self._first, self._ends = [[]], 0, {}
+            return
+        self._docs.append([])
+        while len(self._docs) > 1 and sum(map(len, self._docs)) > self.session_tokens:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        self._docs.pop(0)
+        self._first += 1
+        self._ends = {
+            key: kept
+            for key, ends in self._ends.items()
+            if (kept := [(d, e) for d, e in ends if d >= self._first])
+        }
 
     def lookup(self, context: Sequence[int], k: int, min_ngram: int) -> tuple[tuple[int, ...], int]:
-        """The same answer as `lookup(context, k, max_ngram, min_ngram)`."""
-        n_ctx, n_seen = len(context), len(self._seen)
-        if n_ctx <= n_seen or list(context[:n_seen]) != self._seen:
-            n_seen = 0  # not an extension of what was indexed: start over
-            self._seen, self._ends = [], {}
+        """The same answer as `lookup(context, k, max_ngram, min_ngram, history)` with the
+        session's documents as history."""
+        live = self._live
+        n_ctx, n_seen = len(context), len(live)
+        if n_ctx <= n_seen or list(context[:n_seen]) != live:
+            self.new_document()  # not an extension of the live document: a new one
+            live, n_seen = self._live, 0
+        doc = self._first + len(self._docs) - 1
         # Index every n-gram ending before the last position: the suffix itself must not match.
         for end in range(n_seen + 1, n_ctx):
             for n in range(1, min(self.max_ngram, end) + 1):
-                self._ends[tuple(context[end - n : end])] = end
-        self._seen.extend(context[n_seen : n_ctx - 1])
+                ends = self._ends.setdefault(tuple(context[end - n : end]), [])
+                ends.append((doc, end))
+                if len(ends) > N_RECENT:
+                    del ends[0]
+        live.extend(context[n_seen : n_ctx - 1])
         if k <= 0:
             return NO_DRAFT.tokens, 0
         for n in range(min(self.max_ngram, n_ctx - 1), min_ngram - 1, -1):
-            start = self._ends.get(tuple(context[n_ctx - n :]))
-            if start is not None:
-                return tuple(int(t) for t in context[start : start + k]), n
+            ends = self._ends.get(tuple(context[n_ctx - n :]))
+            if ends:
+                best = max(
+                    (self._scored(d, e, context, n) for d, e in reversed(ends)),
+                    key=lambda item: item[2],  # the first of ties: the most recent
+                )
+                source, end, match = best
+                return tuple(int(t) for t in source[end : end + k]), match
         return NO_DRAFT.tokens, 0
+
+    def _scored(
+        self, doc: int, end: int, context: Sequence[int], n: int
+    ) -> tuple[Sequence[int], int, int]:
+        """(the occurrence's document, its end, its match length); the live document is read
+        from the context itself, which also holds its last token."""
+        source = (
+            context if doc == self._first + len(self._docs) - 1 else self._docs[doc - self._first]
+        )
+        return source, end, _extend(source, end, context, n)
+
+
+def _extend(source: Sequence[int], end: int, context: Sequence[int], n: int) -> int:
+    """How many tokens before `end` in source agree with the end of context (>= n, the
+    matched n-gram; at most MAX_MATCH)."""
+    match = n
+    limit = min(MAX_MATCH, end, len(context) - 1)
+    while match < limit and source[end - match - 1] == context[-match - 1]:
+        match += 1
+    return match
 
 
 def lookup(
-    context: Sequence[int], k: int, max_ngram: int, min_ngram: int
+    context: Sequence[int],
+    k: int,
+    max_ngram: int,
+    min_ngram: int,
+    history: Sequence[Sequence[int]] = (),
 ) -> tuple[tuple[int, ...], int]:
-    """Returns up to k tokens that followed the most recent earlier occurrence of the longest
-    matching suffix n-gram of `context`, and that n-gram's length; ((), 0) when nothing matches."""
+    """The reference: up to k tokens that followed an earlier occurrence of the longest
+    matching suffix n-gram of `context` (in `history`, oldest first, or in context itself),
+    and the match length. Among the N_RECENT most recent occurrences, the one agreeing with the
+    context furthest back (up to MAX_MATCH), ties to the most recent; ((), 0) when nothing
+    matches. History documents are as the index holds them (each request's context but its
+    last token); the context's own occurrences exclude its final position."""
     n_ctx = len(context)
     if k <= 0 or n_ctx < min_ngram + 1:
         return NO_DRAFT.tokens, 0
+    docs = [np.asarray(d, dtype=np.int64) for d in history]
     ids = np.asarray(context, dtype=np.int64)
+    docs.append(ids[:-1])
     for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
         pattern = ids[-n:]
-        # Windows starting at 0..n_ctx-n-1: every occurrence except the suffix itself.
-        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tuple(int(t) for t in ids[start : start + k]), n
+        hits = []  # (doc, end) in order of recency
+        for d, doc in enumerate(docs):
+            if doc.size < n:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(doc, n)
+            hits += [(d, int(s) + n) for s in np.flatnonzero((windows == pattern).all(axis=1))]
+        if hits:
+            recent = hits[-N_RECENT:]
+            scored = [
+                (_extend(_full(d, docs, ids), e, context, n), i) for i, (d, e) in enumerate(recent)
+            ]
+            match, best = max(scored)
+            d, end = recent[best]
+            return tuple(int(t) for t in _full(d, docs, ids)[end : end + k]), match
     return NO_DRAFT.tokens, 0
+
+
+def _full(d: int, docs: list[np.ndarray], ids: np.ndarray) -> np.ndarray:
+    """Document d, the context itself (with its last token) for the last one."""
+    return ids if d == len(docs) - 1 else docs[d]
