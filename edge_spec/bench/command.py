@@ -22,7 +22,9 @@ def add_bench_parser(sub: Any) -> None:
         "--strategies",
         nargs="+",
         default=list(DEFAULT_STRATEGIES),
-        help="target, auto, model-kN, ngram-kN, model-heuristic, ngram-cost, model-cost, ...",
+        help="target, auto, model-kN, ngram-kN, model-heuristic, ngram-cost, model-cost, ...; "
+        "peers: lcpp-lookup[-nNgG] (llama-cpp-python's prompt lookup), cpp-lookup[-kK], "
+        "cpp-speculative[-kK] (llama.cpp's C++ examples, see scripts/build_llama_examples.py)",
     )
     bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
     bench.add_argument("--max-tokens", type=int, default=64)
@@ -32,6 +34,12 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--threads", "-t", type=int, default=None)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="bench/results/latest", help="output folder")
+    bench.add_argument(
+        "--llama-examples",
+        default=None,
+        help="folder with llama-lookup and llama-speculative-simple (default: the build of "
+        "scripts/build_llama_examples.py)",
+    )
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
@@ -44,12 +52,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from ..backend import llama_cpp_version
     from ..errors import InvalidRequestError
     from ..models import default_pair
+    from .peers import PeerSetup, is_peer, make_peers
     from .prompts import load_prompts
     from .report import markdown_table, summarize
     from .runner import parse_strategy, peak_rss_bytes, run_bench, timestamp
 
     try:
-        strategies = [parse_strategy(s) for s in args.strategies]
+        strategies = [parse_strategy(s) for s in args.strategies if not is_peer(s)]
+        peer_names = [s for s in args.strategies if is_peer(s)]
         prompts = load_prompts(quick=args.quick, categories=args.categories)
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from exc
@@ -57,10 +67,19 @@ def run_bench_command(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--max-tokens and --repeats must be >= 1")
     default_target, default_draft = default_pair()
     config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
-    n_total = len(prompts) * len(args.temperatures) * args.repeats * (len(strategies) + 1)
+    n_entries = len(strategies) + len(peer_names) + 1
+    n_total = len(prompts) * len(args.temperatures) * args.repeats * n_entries
     with EdgeSpec(
         args.target or default_target, args.draft or default_draft, config=config
     ) as spec:
+        setup = PeerSetup(
+            spec.target_path,
+            spec.draft_path,
+            n_ctx=args.ctx_size,
+            n_threads=spec.target.n_threads,
+            cpp_bin_dir=args.llama_examples,
+        )
+        peers = make_peers(peer_names, setup)
         bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
         runs = run_bench(
             spec,
@@ -71,9 +90,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             chat=args.chat,
             seed=args.seed,
+            peers=peers,
             on_run=lambda run: bar.update(1),
         )
         bar.close()
+        for peer in peers:
+            peer.close()
         costs = spec.cost_curve() if any(s.policy == "cost" for s in strategies) else None
         target_path, draft_path = str(spec.target_path), str(spec.draft_path)
     summaries = summarize(runs)

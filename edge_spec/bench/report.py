@@ -71,6 +71,8 @@ def _summary(
     drafted = _sum_positions(r.drafted_per_position for r in group)
     accepted = _sum_positions(r.accepted_per_position for r in group)
     steps = sum(r.n_steps for r in group)
+    n_drafted = sum(r.n_drafted for r in group)  # totals: peers report no per-position counts
+    n_accepted = sum(r.n_accepted for r in group)
     k_hist = _sum_positions(r.k_chosen for r in group)
     sources: dict[str, int] = defaultdict(int)
     for r in group:
@@ -86,8 +88,8 @@ def _summary(
         tokens_per_s=tokens / decode_s if decode_s else 0.0,
         speedup=speedup,
         speedup_ci95=ci,
-        acceptance_rate=sum(accepted) / sum(drafted) if sum(drafted) else 0.0,
-        mean_accepted_per_step=sum(accepted) / steps if steps else 0.0,
+        acceptance_rate=n_accepted / n_drafted if n_drafted else 0.0,
+        mean_accepted_per_step=n_accepted / steps if steps else 0.0,
         acceptance_per_position=tuple(a / d if d else 0.0 for a, d in zip(accepted, drafted)),
         k_chosen=tuple(k_hist),
         steps_by_source=dict(sources),

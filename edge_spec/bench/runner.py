@@ -16,6 +16,7 @@ from typing import Any
 
 from ..api import EdgeSpec, GenerationConfig, GenerationResult
 from ..sampling import SamplingParams
+from .peers import Peer, PeerResult
 from .prompts import Prompt
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class Strategy:
     draft_mode: str
     policy: str
     k: int = 4
-    k_max: int = 8
+    k_max: int = 16
 
     def config(
         self, max_tokens: int, sampling: SamplingParams, stop: tuple[str, ...] = ()
@@ -131,6 +132,38 @@ class Run:
             result.token_ids,
         )
 
+    @classmethod
+    def of_peer(
+        cls, prompt: Prompt, name: str, temperature: float, repeat: int, result: PeerResult
+    ) -> Run:
+        """A peer reports totals only: no per-position counts, sources or k histogram."""
+        r = result
+        return cls(
+            prompt.id,
+            prompt.category,
+            prompt.kind,
+            name,
+            temperature,
+            repeat,
+            0,
+            r.n_generated,
+            r.decode_s,
+            r.n_generated / r.decode_s if r.decode_s > 0 else 0.0,
+            r.n_steps,
+            r.n_drafted,
+            r.n_accepted,
+            (),
+            (),
+            {},
+            (),
+            r.prefill_s,
+            0.0,
+            0.0,
+            0.0,
+            r.finish_reason,
+            r.token_ids,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
@@ -147,12 +180,17 @@ def run_bench(
     repeats: int = 1,
     chat: bool = False,
     seed: int = 0,
+    peers: Sequence[Peer] = (),
     on_run: Callable[[Run], None] | None = None,
 ) -> list[Run]:
-    """Runs every (prompt, strategy, temperature) `repeats` times. Within a prompt the strategy
-    order rotates, so no strategy always runs first (cold caches) or last."""
-    plan = [TARGET, *[s for s in strategies if s.name != TARGET.name]]
+    """Runs every (prompt, strategy or peer, temperature) `repeats` times. Within a prompt the
+    order rotates, so no strategy always runs first (cold caches) or last. With peers, nobody
+    gets stop strings (the peers have none): every run generates up to max_tokens or EOS."""
+    plan: list[Strategy | Peer] = [TARGET, *[s for s in strategies if s.name != TARGET.name]]
+    plan += list(peers)
     runs: list[Run] = []
+    # Peers have no stop strings: then nobody gets them (up to max_tokens or EOS for all).
+    stop = () if chat or peers else COMPLETION_STOPS
     warm = prompts[0].completion if prompts else "Hello"
     spec.generate(warm, max_tokens=8, draft_mode="none")  # page the weights in
     for repeat in range(repeats):
@@ -161,14 +199,32 @@ def run_bench(
             order = plan[i % len(plan) :] + plan[: i % len(plan)]
             for temperature in temperatures:
                 sampling = SamplingParams(temperature=temperature, seed=seed + 1000 * repeat + i)
-                for strategy in order:
-                    stop = () if chat else COMPLETION_STOPS
-                    result = spec.generate(text, strategy.config(max_tokens, sampling, stop))
-                    run = Run.of(prompt, strategy, temperature, repeat, result)
+                for entry in order:
+                    run = _run_one(spec, entry, prompt, text, sampling, repeat, max_tokens, stop)
                     runs.append(run)
                     if on_run is not None:
                         on_run(run)
     return runs
+
+
+def _run_one(
+    spec: EdgeSpec,
+    entry: Strategy | Peer,
+    prompt: Prompt,
+    text: str,
+    sampling: SamplingParams,
+    repeat: int,
+    max_tokens: int,
+    stop: tuple[str, ...],
+) -> Run:
+    temperature = sampling.temperature
+    spec.clear_session()  # no run drafts from another run's output of the same prompt
+    if isinstance(entry, Strategy):
+        result = spec.generate(text, entry.config(max_tokens, sampling, stop))
+        return Run.of(prompt, entry, temperature, repeat, result)
+    ids = spec.tokenize(text)
+    peer_result = entry.run(text, ids, max_tokens, temperature, sampling.seed or 0)
+    return Run.of_peer(prompt, entry.name, temperature, repeat, peer_result)
 
 
 def peak_rss_bytes() -> int:
