@@ -95,12 +95,11 @@ def test_bench_command_writes_results(tmp_path) -> None:
             "edge_spec.cli",
             "bench",
             "--quick",
-            "--categories",
-            "code_editing",
             "--strategies",
             "auto",
             "ngram-k4",
             "model-k2",
+            "lcpp-lookup",
             "--max-tokens",
             "16",
             "--out",
@@ -114,13 +113,31 @@ def test_bench_command_writes_results(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "results.json").read_text())
-    assert {r["strategy"] for r in record["runs"]} == {"target", "auto", "ngram-k4", "model-k2"}
-    assert len(record["runs"]) == 2 * 4  # 2 quick prompts x (target + 3 strategies)
+    strategies = {"target", "auto", "ngram-k4", "model-k2", "lcpp-lookup"}
+    assert {r["strategy"] for r in record["runs"]} == strategies
+    assert len(record["runs"]) == 12 * 5  # 12 quick prompts x (target + 3 strategies + 1 peer)
     assert record["versions"]["llama_cpp_python"] and record["peak_rss_bytes"] > 0
     summaries = {(s["category"], s["strategy"]): s for s in record["summaries"]}
     assert summaries[("code_editing", "target")]["speedup"] == pytest.approx(1.0)
     assert summaries[("all", "model-k2")]["acceptance_rate"] > 0
     assert "| code_editing | 0 | auto |" in (out / "results.md").read_text()
+    # The peer (llama-cpp-python's prompt lookup) drafted, and its greedy output is the
+    # target's own on most prompts (batched logits may flip a near-tie, so not on all).
+    peer = [r for r in record["runs"] if r["strategy"] == "lcpp-lookup"]
+    assert sum(r["n_drafted"] for r in peer) > 0 and all(r["n_generated"] > 0 for r in peer)
+    target = {r["prompt_id"]: r["token_ids"] for r in record["runs"] if r["strategy"] == "target"}
+    same = sum(r["token_ids"] == target[r["prompt_id"]] for r in peer)
+    assert same >= len(peer) - 2, same
+
+
+def test_readme_result_tables_match_the_committed_results() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "update_readme_results.py"
+    proc = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_plots_are_written(tmp_path) -> None:

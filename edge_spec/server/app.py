@@ -1,0 +1,296 @@
+"""The FastAPI app: OpenAI's /v1/models, /v1/completions and /v1/chat/completions (JSON or SSE),
+plus /health and /metrics. One worker thread owns the models (see worker.py); handlers only parse,
+queue, wait and format."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..api import EdgeSpec
+from ..errors import ContextOverflowError, InvalidRequestError
+from . import responses as out
+from .metrics import CLIENT_CLOSED, CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
+from .schemas import APIError, ParsedRequest, RequestLimits, parse_chat, parse_completion
+from .worker import Job, QueueFullError, UnavailableError, Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_ids: tuple[str, ...]  # the first is listed by /v1/models; requests may use any
+    limits: RequestLimits
+    api_key: str | None = None
+    max_queue: int = 64
+    max_request_bytes: int = 1 << 20
+    model_details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model_ids:
+            raise ValueError("a server needs at least one model id")
+        if self.max_queue < 1 or self.max_request_bytes < 1:
+            raise ValueError("max_queue and max_request_bytes must be >= 1")
+
+
+def create_app(
+    config: ServerConfig,
+    load: Callable[[], EdgeSpec],
+    *,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """An app whose worker thread calls `load()` at startup (answering 503 until it returns) and
+    closes the EdgeSpec at shutdown. `on_fatal` is called if loading fails."""
+    metrics = ServerMetrics(
+        {
+            "queue_depth": ("Requests waiting for the worker.", lambda: worker.queue_depth),
+            "requests_running": ("Generations running now (0 or 1).", lambda: worker.busy),
+        }
+    )
+    worker = Worker(load, max_queue=config.max_queue, metrics=metrics, on_fatal=on_fatal)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(
+        title="edge-spec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.worker, app.state.metrics = worker, metrics
+    _install_error_handlers(app)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+
+    async def require_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), config.api_key.encode()
+        ):
+            raise APIError(
+                401,
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        state = worker.state
+        body = {"status": "ok" if state == "ready" else state, "queue_depth": worker.queue_depth}
+        return JSONResponse(body, status_code=200 if state == "ready" else 503)
+
+    secured = APIRouter(dependencies=[Depends(require_key)])
+
+    @secured.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
+
+    @secured.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        card = out.model_card(config.model_ids[0], started, dict(config.model_details))
+        return {"object": "list", "data": [card]}
+
+    @secured.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        _check_model(config, model_id)
+        return out.model_card(model_id, started, dict(config.model_details))
+
+    @secured.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _read_json(request, config.max_request_bytes)
+        return await _serve(request, worker, config, parse_completion(body, config.limits))
+
+    @secured.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _read_json(request, config.max_request_bytes)
+        return await _serve(request, worker, config, parse_chat(body, config.limits))
+
+    app.include_router(secured)
+    return app
+
+
+async def _serve(
+    request: Request, worker: Worker, config: ServerConfig, req: ParsedRequest
+) -> Response:
+    """Queue the generation, wait for its first event (errors found at the start, such as a
+    prompt longer than the context, still get their HTTP status), then answer JSON or SSE."""
+    _check_model(config, req.model)
+    if req.messages is not None:
+        messages = [dict(m) for m in req.messages]
+
+        def start(spec: EdgeSpec) -> Any:
+            return spec.stream_chat(messages, req.config)
+    else:
+        prompt = req.prompt or ""
+
+        def start(spec: EdgeSpec) -> Any:
+            return spec.stream(prompt, req.config)
+
+    job = Job(start, asyncio.get_running_loop())
+    try:
+        worker.submit(job)
+    except QueueFullError:
+        raise APIError(
+            429,
+            f"the server's queue is full ({config.max_queue} waiting); retry later",
+            type="rate_limit_error",
+            code="queue_full",
+        ) from None
+    except UnavailableError as exc:
+        raise _api_error(exc) from None
+    env = out.Envelope(chat=req.messages is not None, model=req.model)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    try:
+        event = await job.events.get()
+        if req.stream and event[0] == "delta":
+            watcher.cancel()  # from here on the SSE response watches the connection
+            return EventSourceResponse(_sse(job, event, env, req.include_usage), sep="\n", ping=15)
+        while event[0] == "delta" and event[1].result is None:
+            event = await job.events.get()
+    except BaseException:
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    kind, payload = event
+    if kind == "delta":
+        return JSONResponse(out.full_body(env, payload.result))
+    if kind == "cancelled":
+        return Response(status_code=CLIENT_CLOSED)  # nobody is listening; counted as such
+    raise _api_error(payload, chat=req.messages is not None)
+
+
+async def _sse(
+    job: Job, first: tuple[str, Any], env: out.Envelope, include_usage: bool
+) -> AsyncIterator[str]:
+    """The chunks of one streamed response. Cancelled by sse-starlette when the client goes away;
+    the finally block then tells the worker to stop after the current step."""
+    finished = False
+    try:
+        opening = out.first_chunk(env)
+        if opening is not None:
+            yield json.dumps(opening)
+        kind, payload = first
+        while True:
+            if kind == "cancelled":
+                return
+            if kind == "error":  # after the first event: the status line has gone already
+                yield json.dumps(_api_error(payload, env.chat).body())
+                return
+            if payload.result is not None:
+                for chunk in out.final_chunks(env, payload.text, payload.result, include_usage):
+                    yield json.dumps(chunk)
+                yield "[DONE]"
+                finished = True
+                return
+            if payload.text:
+                yield json.dumps(out.text_chunk(env, payload.text))
+            kind, payload = await job.events.get()
+    finally:
+        if not finished:
+            job.cancel()
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """While a request waits in the queue or runs without streaming, watch its connection."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            log.info("client disconnected; cancelling its generation")
+            job.cancel()
+            return
+
+
+def _check_model(config: ServerConfig, model: str) -> None:
+    if model not in config.model_ids:
+        raise APIError(
+            404,
+            f"The model {model!r} does not exist; this server serves "
+            + ", ".join(repr(m) for m in config.model_ids),
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def _read_json(request: Request, limit_bytes: int) -> Any:
+    too_large = APIError(
+        413, f"the request body is larger than {limit_bytes} bytes", code="request_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > 8 * limit_bytes:
+        raise too_large  # not worth reading
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit_bytes:
+            chunks.append(chunk)
+        elif size > 8 * limit_bytes:
+            break
+    # Read (and drop) a moderately oversized body so the client sees the 413, not a reset.
+    if size > limit_bytes:
+        raise too_large
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(
+            400, f"the request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+
+
+def _api_error(exc: BaseException, chat: bool = False) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        param = "messages" if chat else "prompt"
+        return APIError(413, str(exc), param=param, code="context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, UnavailableError):
+        return APIError(
+            503,
+            f"the server is {exc} and cannot take requests",
+            type="server_error",
+            code="unavailable",
+        )
+    log.error("request failed: %r", exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", type="server_error")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def as_json(error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        return as_json(_api_error(exc))
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        return as_json(APIError(400, f"invalid request: {exc}", code="invalid_request"))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        message = "unknown route" if exc.status_code == 404 else str(exc.detail)
+        return as_json(APIError(exc.status_code, message, code=f"http_{exc.status_code}"))
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_api_error)

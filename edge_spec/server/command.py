@@ -1,0 +1,153 @@
+"""`edge-spec serve`: parse the flags, resolve the models, run uvicorn. Imports nothing from the
+server extra until the command runs, so the CLI works without it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import EdgeSpecError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "the server extra is not installed: pip install 'edge-spec[server]'"
+
+
+def add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (the server extra)")
+    serve.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
+    serve.add_argument(
+        "--draft", "-md", help="draft model (default: the manifest pair's draft for the target)"
+    )
+    serve.add_argument("--draft-mode", choices=("auto", "model", "ngram", "none"), default="auto")
+    serve.add_argument("--policy", choices=("fixed", "heuristic", "cost"), default=None)
+    serve.add_argument("--k", type=int, default=4, help="draft length for the fixed policy")
+    serve.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("EDGE_SPEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health "
+        "(default: $EDGE_SPEC_API_KEY; unset: no authentication)",
+    )
+    serve.add_argument("--ctx-size", "-c", type=int, default=4096)
+    serve.add_argument("--threads", "-t", type=int, default=None)
+    serve.add_argument("--mem-budget", default=None, help="RAM the models may use, e.g. 2G")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait (429)")
+    serve.add_argument(
+        "--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask"
+    )
+    serve.add_argument(
+        "--max-request-bytes", type=int, default=1 << 20, help="largest request body (413)"
+    )
+    serve.add_argument(
+        "--model-alias", default=None, help="the model id /v1/models lists (default: target name)"
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise EdgeSpecError(INSTALL_HINT) from exc
+    from ..api import EdgeSpec, EngineConfig, GenerationConfig
+    from ..models import resolve
+    from ..placement import parse_size
+    from .app import ServerConfig, create_app
+    from .schemas import RequestLimits
+
+    for name in ("port", "max_queue", "max_tokens_limit", "max_request_bytes"):
+        if getattr(args, name) < (0 if name == "port" else 1):
+            raise InvalidRequestError(f"--{name.replace('_', '-')} is out of range")
+    target_name, draft_name = _pair_names(args)
+    target_path = resolve(target_name)  # fetches a missing manifest model before binding
+    draft_path = resolve(draft_name) if draft_name else None
+    engine_config = EngineConfig(
+        n_ctx=args.ctx_size,
+        n_threads=args.threads,
+        mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
+    )
+    base = GenerationConfig(k=args.k, k_max=args.k_max, policy=args.policy)
+    # A manifest name is its file's stem; a path is listed by its stem but accepted as given.
+    ids = [args.model_alias, target_path.stem, target_name]
+    config = ServerConfig(
+        model_ids=tuple(dict.fromkeys(i for i in ids if i)),
+        limits=RequestLimits(base, args.max_tokens_limit, args.draft_mode),
+        api_key=args.api_key or None,
+        max_queue=args.max_queue,
+        max_request_bytes=args.max_request_bytes,
+        model_details={
+            "target": str(target_path),
+            "draft": str(draft_path) if draft_path else None,
+            "draft_mode": args.draft_mode,
+            "policy": args.policy,
+            "k": args.k,
+            "k_max": args.k_max,
+            "n_ctx": args.ctx_size,
+        },
+    )
+
+    def load() -> EdgeSpec:
+        return EdgeSpec(target_path, draft_path, draft_mode=args.draft_mode, config=engine_config)
+
+    failures: list[BaseException] = []
+
+    def on_fatal(exc: BaseException) -> None:
+        failures.append(exc)
+        server.should_exit = True
+
+    app = create_app(config, load, on_fatal=on_fatal)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info" if args.verbose else "warning",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        print(
+            f"edge-spec: warning: serving on {args.host} without --api-key: anyone who can reach "
+            "this port can use it",
+            file=sys.stderr,
+        )
+    print(
+        f"edge-spec: serving {config.model_ids[0]} on http://{args.host}:{args.port}/v1 "
+        f"(draft {draft_name or '-'}, {args.draft_mode}); loading the models",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run()
+    if failures:
+        exc = failures[0]
+        raise exc if isinstance(exc, EdgeSpecError) else EdgeSpecError(str(exc))
+    return 0
+
+
+def _pair_names(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The target, and the draft: --draft, else the manifest pair's draft for that target;
+    none for the draft-free modes."""
+    from ..models import default_pair, list_pairs
+
+    default_target, default_draft = default_pair()
+    target = args.target or default_target
+    if args.draft_mode in ("ngram", "none"):
+        return target, None
+    if args.draft:
+        return target, args.draft
+    if target == default_target:
+        return target, default_draft
+    for pair in list_pairs().values():
+        if pair.target in (target, Path(target).stem):
+            return target, pair.draft
+    if args.draft_mode == "model":
+        raise InvalidRequestError(f"no manifest pair has target {target!r}: give --draft")
+    return target, None

@@ -1,0 +1,277 @@
+"""OpenAI request bodies -> a prompt (or messages) and a GenerationConfig, checked field by field.
+
+Everything is validated here, in Python, before anything reaches llama.cpp (its asserts abort
+the process). Unknown fields and OpenAI features this server does not implement are refused with
+400 rather than silently ignored, so a client never gets an answer to a question it did not ask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..api import GenerationConfig
+from ..chat import ROLES
+from ..errors import InvalidRequestError
+from ..sampling import SamplingParams
+
+MAX_STOP_STRINGS = 16
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+_COMMON = frozenset(
+    ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options")
+    + ("n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+    + ("top_k", "min_p", "speculative", "draft_mode")  # extensions
+)
+_COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+_CHAT = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "metadata",
+    "store",
+    "service_tier",
+}
+# Fields accepted only at the value that means "feature off".
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's JSON: {"error": {message, type, param, code}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What the server was started with: the base generation settings (k, policy, draft mode)
+    and the caps a request may not exceed."""
+
+    base: GenerationConfig
+    max_tokens_limit: int
+    server_draft_mode: str = "auto"
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    model: str
+    prompt: str | None  # /v1/completions
+    messages: tuple[dict[str, str], ...] | None  # /v1/chat/completions
+    config: GenerationConfig
+    stream: bool
+    include_usage: bool
+
+
+def parse_completion(body: object, limits: RequestLimits) -> ParsedRequest:
+    """Requires a JSON object in OpenAI's completions shape; raises APIError(400) otherwise."""
+    fields = _check_fields(body, _COMPLETION)
+    prompt = fields.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise bad("only one prompt string per request is supported", "prompt")
+    if not isinstance(prompt, str):
+        raise bad("'prompt' must be a string", "prompt", "missing_required_parameter")
+    max_tokens = _int(fields, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
+    return _parsed(fields, limits, max_tokens, prompt=prompt)
+
+
+def parse_chat(body: object, limits: RequestLimits) -> ParsedRequest:
+    """Requires a JSON object in OpenAI's chat shape with text-only messages."""
+    fields = _check_fields(body, _CHAT)
+    raw = fields.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad("'messages' must be a non-empty array", "messages", "missing_required_parameter")
+    messages = tuple(_message(i, m) for i, m in enumerate(raw))
+    if fields.get("max_completion_tokens") is not None:
+        max_tokens = _int(fields, "max_completion_tokens", limits.max_tokens_limit)
+    else:
+        max_tokens = _int(fields, "max_tokens", limits.max_tokens_limit)
+    return _parsed(fields, limits, max_tokens, messages=messages)
+
+
+def _check_fields(body: object, allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(body, Mapping):
+        raise bad("the request body must be a JSON object", code="invalid_request")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
+    for name, off in _OFF_VALUES.items():
+        value = body.get(name)
+        # `False == 0` and `0.0 == 0` in Python: compare types too, so `n: true` is refused.
+        if name in body and not any(type(value) is type(v) and value == v for v in off):
+            if not (isinstance(value, float) and value == 0 and 0 in off):
+                raise bad(f"'{name}' is not supported by this server (got {value!r})", name)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("'model' must be a non-empty string", "model", "missing_required_parameter")
+    return dict(body)
+
+
+def _message(i: int, message: object) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(message, Mapping):
+        raise bad(f"{param} must be an object", param)
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise bad(f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}", param)
+    if isinstance(content, list):  # content parts: only text is understood
+        if not all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+            raise bad(f"{param}.content: only text parts are supported", param)
+        content = "".join(str(p.get("text", "")) for p in content)
+    if not isinstance(content, str):
+        raise bad(f"{param}.content must be a string", param)
+    return {"role": str(role), "content": content}
+
+
+def _parsed(
+    fields: dict[str, Any],
+    limits: RequestLimits,
+    max_tokens: int,
+    *,
+    prompt: str | None = None,
+    messages: tuple[dict[str, str], ...] | None = None,
+) -> ParsedRequest:
+    if max_tokens < 1:
+        raise bad(f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
+    if max_tokens > limits.max_tokens_limit:
+        raise bad(
+            f"max_tokens is {max_tokens}, above this server's limit of {limits.max_tokens_limit}",
+            "max_tokens",
+        )
+    stream = _bool(fields, "stream", False)
+    options = fields.get("stream_options")
+    if options is not None and not stream:
+        raise bad("stream_options is only allowed when stream is true", "stream_options")
+    if options is not None and (
+        not isinstance(options, Mapping) or set(options) - {"include_usage"}
+    ):
+        raise bad("stream_options may only hold include_usage", "stream_options")
+    include_usage = _bool(dict(options or {}), "include_usage", False)
+    try:
+        sampling = SamplingParams(
+            temperature=_number(fields, "temperature", 1.0, high=2.0),
+            top_p=_number(fields, "top_p", 1.0, high=1.0),
+            min_p=_number(fields, "min_p", 0.0, high=1.0),
+            top_k=_int(fields, "top_k", 0),
+            seed=_int(fields, "seed", None),
+        )
+        config = replace(
+            limits.base,
+            max_tokens=max_tokens,
+            stop=_stop(fields.get("stop")),
+            draft_mode=_draft_mode(fields, limits),
+            sampling=sampling,
+        )
+    except InvalidRequestError as exc:  # the library's own range checks; they name the field
+        name = str(exc).split(" ", 1)[0]
+        raise bad(str(exc), name if name in fields else None) from exc
+    return ParsedRequest(fields["model"], prompt, messages, config, stream, include_usage)
+
+
+def _draft_mode(fields: dict[str, Any], limits: RequestLimits) -> Any:
+    """The draft source is chosen at server start; a request may only switch speculation off."""
+    mode = fields.get("draft_mode")
+    if mode is not None and mode not in ("none", limits.server_draft_mode):
+        raise bad(
+            f"draft_mode may be 'none' or the server's {limits.server_draft_mode!r}, got {mode!r}",
+            "draft_mode",
+        )
+    if not _bool(fields, "speculative", True):
+        mode = "none"
+    return mode or limits.base.draft_mode
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad("'stop' must be a non-empty string or an array of them", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", "stop")
+    return tuple(stops)
+
+
+def _int(fields: Mapping[str, Any], name: str, default: Any) -> Any:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"'{name}' must be an integer, got {value!r}", name, "invalid_type")
+    if value < 0:
+        raise bad(f"'{name}' must be >= 0, got {value}", name)
+    return value
+
+
+def _number(fields: Mapping[str, Any], name: str, default: float, *, high: float) -> float:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(f"'{name}' must be a number, got {value!r}", name, "invalid_type")
+    if not math.isfinite(value) or not 0 <= value <= high:
+        raise bad(f"'{name}' must be in [0, {high:g}], got {value!r}", name)
+    return float(value)
+
+
+def _bool(fields: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(f"'{name}' must be a boolean, got {value!r}", name, "invalid_type")
+    return value

@@ -1,0 +1,829 @@
+"""The OpenAI-compatible server.
+
+Pure parts first (request validation, response shapes checked against the openai package's own
+types, the Prometheus text, the worker's queue with a scripted stand-in for EdgeSpec), then a
+real `edge-spec serve` process on 127.0.0.1 with the SmolLM2 pair, driven by the official openai
+client: both endpoints with and without streaming, 8 concurrent clients x 25 requests against
+the same requests run one after another, a disconnect in mid-stream, errors, and authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from edge_spec.api import GenerationConfig, GenerationResult, TextDelta
+from edge_spec.errors import ModelFileError
+from edge_spec.server import responses as out
+from edge_spec.server.app import ServerConfig, create_app
+from edge_spec.server.metrics import ServerMetrics
+from edge_spec.server.schemas import APIError, RequestLimits, parse_chat, parse_completion
+from edge_spec.server.worker import Job, QueueFullError, Worker
+from edge_spec.stats import StatsCollector
+
+API_KEY = "test-key-123"
+MODEL_ALIAS = "smollm2-chat"
+LIMITS = RequestLimits(GenerationConfig(k=3, k_max=6), max_tokens_limit=256)
+
+# ---- request validation ----------------------------------------------------------------------
+
+
+def test_completion_request_becomes_a_generation_config() -> None:
+    req = parse_completion(
+        {
+            "model": "m",
+            "prompt": ["Hello"],
+            "max_tokens": 12,
+            "temperature": 0,
+            "top_p": 0.9,
+            "seed": 7,
+            "stop": "\n",
+            "top_k": 40,
+            "min_p": 0.05,
+            "speculative": False,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "n": 1,
+            "user": "someone",
+        },
+        LIMITS,
+    )
+    assert req.prompt == "Hello" and req.messages is None
+    assert req.stream and req.include_usage
+    cfg = req.config
+    assert (cfg.max_tokens, cfg.stop, cfg.draft_mode, cfg.k, cfg.k_max) == (
+        12,
+        ("\n",),
+        "none",
+        3,
+        6,
+    )
+    s = cfg.sampling
+    assert (s.temperature, s.top_p, s.seed, s.top_k, s.min_p) == (0.0, 0.9, 7, 40, 0.05)
+
+
+def test_defaults_follow_openai() -> None:
+    completion = parse_completion({"model": "m", "prompt": "x"}, LIMITS)
+    assert completion.config.max_tokens == 16  # OpenAI's completions default
+    assert completion.config.sampling.temperature == 1.0
+    assert completion.config.draft_mode is None  # the server's own mode
+    assert not completion.stream
+    chat = parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        LIMITS,
+    )
+    assert chat.messages == ({"role": "user", "content": "hi"},)
+    assert chat.config.max_tokens == LIMITS.max_tokens_limit
+    chat = parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5},
+        LIMITS,
+    )
+    assert chat.config.max_tokens == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x"}, "model"),
+        ({"model": "m"}, "prompt"),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": [1, 2, 3]}, "prompt"),
+        ({"model": "m", "prompt": "x", "n": 2}, "n"),
+        ({"model": "m", "prompt": "x", "n": True}, "n"),
+        ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "m", "prompt": "x", "logprobs": 3}, "logprobs"),
+        ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "m", "prompt": "x", "max_tokens": 257}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": 1.5}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "temperature": -0.1}, "temperature"),
+        ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
+        ({"model": "m", "prompt": "x", "min_p": 1.5}, "min_p"),
+        ({"model": "m", "prompt": "x", "seed": -1}, "seed"),
+        ({"model": "m", "prompt": "x", "stop": [""]}, "stop"),
+        ({"model": "m", "prompt": "x", "stop": ["s"] * 17}, "stop"),
+        (
+            {"model": "m", "prompt": "x", "stream_options": {"include_usage": True}},
+            "stream_options",
+        ),
+        ({"model": "m", "prompt": "x", "draft_mode": "model"}, "draft_mode"),
+        ({"model": "m", "prompt": "x", "speculative": "no"}, "speculative"),
+        ({"model": "m", "prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_bad_completion_requests_name_the_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(APIError) as err:
+        parse_completion(body, LIMITS)
+    assert err.value.status == 400 and err.value.param == param
+    assert err.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [[], "hi", [{"role": "wizard", "content": "x"}], [{"role": "user", "content": None}], [3]],
+)
+def test_bad_chat_messages(messages: Any) -> None:
+    with pytest.raises(APIError) as err:
+        parse_chat({"model": "m", "messages": messages}, LIMITS)
+    assert err.value.status == 400 and err.value.param.startswith("messages")
+    with pytest.raises(APIError):
+        parse_chat(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, LIMITS
+        )
+
+
+# ---- response shapes -------------------------------------------------------------------------
+
+
+def _result(text: str, finish: str) -> GenerationResult:
+    stats = StatsCollector().result(n_prompt=3, n_generated=2, total_s=0.5)
+    return GenerationResult(
+        text=text,
+        finish_reason=finish,  # type: ignore[arg-type]
+        token_ids=(5, 6),
+        prompt_token_ids=(1, 2, 3),
+        target="t.gguf",
+        draft="d.gguf",
+        draft_mode="model",
+        policy="fixed",
+        k=3,
+        stats=stats,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ours", "openai_reason"),
+    [("eos", "stop"), ("stop", "stop"), ("length", "length"), ("context", "length")],
+)
+def test_bodies_parse_as_the_openai_types(ours: str, openai_reason: str) -> None:
+    result = _result("Hi there", ours)
+    completion = Completion.model_validate(out.full_body(out.Envelope(False, "m"), result))
+    assert completion.choices[0].text == "Hi there"
+    assert completion.choices[0].finish_reason == openai_reason
+    assert completion.usage is not None and completion.usage.total_tokens == 5
+    assert completion.model_extra["edge_spec"]["draft_mode"] == "model"
+    chat = ChatCompletion.model_validate(out.full_body(out.Envelope(True, "m"), result))
+    assert chat.choices[0].message.content == "Hi there" and chat.id.startswith("chatcmpl-")
+    env = out.Envelope(True, "m")
+    chunks = [
+        out.first_chunk(env),
+        out.text_chunk(env, "Hi"),
+        *out.final_chunks(env, " there", result, True),
+    ]
+    parsed = [ChatCompletionChunk.model_validate(c) for c in chunks]
+    assert parsed[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in parsed if p.choices) == "Hi there"
+    assert parsed[-2].choices[0].finish_reason == openai_reason
+    assert parsed[-1].choices == [] and parsed[-1].usage.completion_tokens == 2
+    assert len({p.id for p in parsed}) == 1
+
+
+# ---- Prometheus text -------------------------------------------------------------------------
+
+
+def _parse_prometheus(text: str) -> dict[str, float]:
+    """Check the exposition format line by line; returns {series: value}."""
+    series: dict[str, float] = {}
+    typed: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            typed[name] = kind
+            continue
+        match = re.fullmatch(
+            r'([a-z_]+)(\{[a-z_]+="[^"\\]*"(?:,[a-z_]+="[^"\\]*")*\})? (\S+)', line
+        )
+        assert match, f"not a valid sample line: {line!r}"
+        name = match.group(1)
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in typed or base in typed, f"{name} has no TYPE line"
+        series[name + (match.group(2) or "")] = float(match.group(3))
+    return series
+
+
+def test_metrics_text_is_valid_prometheus() -> None:
+    metrics = ServerMetrics({"queue_depth": ("Waiting.", lambda: 3)})
+    metrics.requests.inc(endpoint="/v1/completions", status="200")
+    metrics.requests.inc(endpoint='we"ird\\path', status="400")
+    metrics.drafted.inc(10)
+    metrics.accepted.inc(4)
+    for seconds in (0.01, 0.3, 0.3, 1000.0):
+        metrics.duration.observe(seconds, endpoint="/v1/completions")
+    text = metrics.render()
+    assert 'endpoint="we\\"ird\\\\path"' in text
+    values = _parse_prometheus(text.replace('we\\"ird\\\\path', "weird"))
+    assert values['edge_spec_requests_total{endpoint="/v1/completions",status="200"}'] == 1
+    assert values["edge_spec_acceptance_rate"] == 0.4
+    assert values["edge_spec_queue_depth"] == 3
+    prefix = 'edge_spec_request_duration_seconds_bucket{endpoint="/v1/completions",le='
+    buckets = [(k, v) for k, v in values.items() if k.startswith(prefix)]
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts), "buckets must be cumulative"
+    assert values[prefix + '"0.05"}'] == 1 and values[prefix + '"0.5"}'] == 3
+    assert values[prefix + '"+Inf"}'] == 4
+    assert values['edge_spec_request_duration_seconds_count{endpoint="/v1/completions"}'] == 4
+    assert values['edge_spec_request_duration_seconds_sum{endpoint="/v1/completions"}'] == 1000.61
+
+
+# ---- the worker, with a scripted stand-in for EdgeSpec (queue logic only) ---------------------
+
+
+class _ScriptedSpec:
+    """Yields one delta per `step` event; records which prompts ran, in order."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.step = threading.Semaphore(0)
+        self.closed = False
+
+    def stream(self, prompt: str, config: GenerationConfig) -> Iterator[TextDelta]:
+        self.ran.append(prompt)
+        for i in range(config.max_tokens):
+            self.step.acquire()
+            yield TextDelta(f"{prompt}{i} ", (i,))
+        yield TextDelta("", (), "length", _result(prompt, "length"))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_worker_runs_jobs_one_at_a_time_in_order_and_cancels_within_a_step() -> None:
+    spec = _ScriptedSpec()
+    loop = asyncio.new_event_loop()
+    worker = Worker(lambda: spec, max_queue=2, metrics=ServerMetrics())  # type: ignore[arg-type,return-value]
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while worker.state != "ready" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        jobs = [
+            Job(lambda s, p=p: s.stream(p, GenerationConfig(max_tokens=50)), loop) for p in "abc"
+        ]
+        for job in jobs:
+            worker.submit(job)  # a runs; b and c wait
+            while job is jobs[0] and not spec.ran:
+                time.sleep(0.01)
+        with pytest.raises(QueueFullError):
+            worker.submit(Job(lambda s: s.stream("d", GenerationConfig()), loop))
+        jobs[1].cancel()  # b leaves while queued: never started
+        spec.step.release(2)
+        jobs[0].cancel()  # a is cancelled after its current step
+        spec.step.release(1)
+        while len(spec.ran) < 2:
+            time.sleep(0.01)
+        spec.step.release(60)
+        while worker.busy or worker.queue_depth:
+            time.sleep(0.01)
+        assert spec.ran == ["a", "c"]
+        events_a = _drain(loop, jobs[0])
+        assert [kind for kind, _ in events_a][-1] == "cancelled"
+        assert sum(kind == "delta" for kind, _ in events_a) <= 3
+        assert _drain(loop, jobs[1]) == [("cancelled", None)]
+        assert _drain(loop, jobs[2])[-1][1].finish_reason == "length"
+    finally:
+        worker.stop()
+        loop.close()
+    assert spec.closed
+
+
+def _drain(loop: asyncio.AbstractEventLoop, job: Job) -> list[tuple[str, Any]]:
+    loop.run_until_complete(asyncio.sleep(0))  # run the call_soon_threadsafe callbacks
+    events = []
+    while not job.events.empty():
+        events.append(job.events.get_nowait())
+    return events
+
+
+def test_app_answers_503_while_loading_and_reports_a_failed_load() -> None:
+    from fastapi.testclient import TestClient
+
+    release = threading.Event()
+    fatal: list[BaseException] = []
+
+    def load() -> Any:
+        release.wait(10)
+        raise ModelFileError("no such model")
+
+    config = ServerConfig(model_ids=("m",), limits=LIMITS, api_key=API_KEY)
+    app = create_app(config, load, on_fatal=fatal.append)
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    with TestClient(app) as client:
+        health = client.get("/health")  # no key needed
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        assert client.get("/v1/models").status_code == 401
+        busy = client.post("/v1/completions", json={"model": "m", "prompt": "x"}, headers=auth)
+        assert busy.status_code == 503 and busy.json()["error"]["type"] == "server_error"
+        release.set()
+        deadline = time.monotonic() + 10
+        while not fatal and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.get("/health").json()["status"] == "failed"
+    assert isinstance(fatal[0], ModelFileError)
+
+
+def test_serve_without_the_extra_exits_2_with_the_install_hint() -> None:
+    code = (
+        "import sys; sys.modules['fastapi'] = None\n"
+        "from edge_spec.cli import main\n"
+        "sys.exit(main(['serve']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "edge-spec: error: the server extra is not installed: pip install 'edge-spec[server]'"
+    ]
+
+
+# ---- a live server ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveServer:
+    """`edge-spec serve` in a child process on 127.0.0.1, ready when /health says so."""
+
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "edge_spec.cli", "serve", "--port", str(self.port), *args]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self._log = log_path.open("w")
+        env = {k: v for k, v in os.environ.items() if k != "EDGE_SPEC_API_KEY"}
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+        self.states_seen = self._wait_ready(timeout_s=600)
+
+    def _wait_ready(self, timeout_s: float) -> set[str]:
+        seen: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                health = httpx.get(self.url + "/health", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            seen.add(f"{health.status_code} {health.json()['status']}")
+            if health.status_code == 200:
+                return seen
+            time.sleep(0.2)
+        raise RuntimeError("server not ready in time")
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        options: dict[str, Any] = {
+            "api_key": self.api_key or "unused",
+            "max_retries": 0,
+            "timeout": 300,
+        }
+        options.update(kwargs)
+        return openai.OpenAI(base_url=self.url + "/v1", **options)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", headers=self.headers(), timeout=30).text
+        return _parse_prometheus(text)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The chat-capable SmolLM2 pair, a model draft with a fixed k (no device profile needed),
+    authentication on, small limits so that the limits can be hit. One thread: llama.cpp's
+    threads spin-wait for each other and crawl when a shared 2-core machine is oversubscribed."""
+    from edge_spec.models import resolve
+
+    draft = resolve("smollm2-135m-q4_0", progress=False)
+    args = [
+        "-m",
+        str(smollm2_path),
+        "-md",
+        str(draft),
+        "--draft-mode",
+        "model",
+        "--policy",
+        "fixed",
+    ]
+    args += ["--k", "3", "--ctx-size", "1024", "--threads", "1", "--model-alias", MODEL_ALIAS]
+    args += ["--max-tokens-limit", "600", "--max-request-bytes", "65536", "--max-queue", "32"]
+    live = LiveServer(args, tmp_path_factory.mktemp("server") / "serve.log", api_key=API_KEY)
+    yield live
+    live.stop()
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it: exit status -SIGTERM.
+    assert live.proc.returncode == -signal.SIGTERM
+    assert "Traceback" not in live.log_path.read_text()
+
+
+models = pytest.mark.models
+
+
+@models
+def test_health_and_models(server: LiveServer) -> None:
+    assert server.states_seen <= {"503 loading", "200 ok"}
+    listed = server.client().models.list()
+    assert [m.id for m in listed.data] == [MODEL_ALIAS]
+    assert listed.data[0].model_extra["edge_spec"]["draft_mode"] == "model"
+    assert server.client().models.retrieve("smollm2-135m-f16").id == "smollm2-135m-f16"
+
+
+@models
+def test_completion_with_stats_and_usage(server: LiveServer) -> None:
+    client = server.client()
+    prompt = "List the days of the week: Monday, Tuesday,"
+    done = client.completions.create(model=MODEL_ALIAS, prompt=prompt, max_tokens=16, temperature=0)
+    assert done.object == "text_completion" and done.model == MODEL_ALIAS
+    choice = done.choices[0]
+    assert choice.finish_reason == "length" and choice.text.strip()
+    assert done.usage.completion_tokens == 16 and done.usage.prompt_tokens > 5
+    assert done.usage.total_tokens == done.usage.prompt_tokens + 16
+    stats = done.model_extra["edge_spec"]
+    assert stats["draft_mode"] == "model" and stats["n_drafted"] > 0
+    assert 0 <= stats["n_accepted"] <= stats["n_drafted"] and stats["tokens_per_s"] > 0
+    assert stats["acceptance_rate"] == pytest.approx(stats["n_accepted"] / stats["n_drafted"])
+
+    # Speculation off per request: no drafts, and (greedy) the very same text.
+    plain = client.completions.create(
+        model="smollm2-135m-f16",
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"speculative": False},
+    )
+    assert plain.model_extra["edge_spec"]["n_drafted"] == 0
+    assert plain.model_extra["edge_spec"]["draft_mode"] == "none"
+    assert plain.choices[0].text == choice.text
+
+    # A stop string ends the text before it; OpenAI reports "stop".
+    word = choice.text.split(",")[1]
+    stopped = client.completions.create(
+        model=MODEL_ALIAS, prompt=prompt, max_tokens=16, temperature=0, stop=[word]
+    )
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == choice.text[: choice.text.index(word)]
+
+    # Same seed, same sampled text.
+    sampled = [
+        client.completions.create(
+            model=MODEL_ALIAS, prompt="Once upon a time", max_tokens=12, temperature=0.9, seed=5
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    assert sampled[0] == sampled[1]
+
+
+@models
+def test_completion_stream(server: LiveServer) -> None:
+    client = server.client()
+    prompt = "The three primary colors are"
+    whole = client.completions.create(
+        model=MODEL_ALIAS, prompt=prompt, max_tokens=20, temperature=0
+    )
+    chunks = list(
+        client.completions.create(
+            model=MODEL_ALIAS,
+            prompt=prompt,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert len(chunks) > 3 and len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert finals[0].model_extra["edge_spec"]["n_drafted"] > 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+
+@models
+def test_chat_uses_the_template_and_streams(server: LiveServer) -> None:
+    client = server.client()
+    messages = [{"role": "user", "content": "Say hello in one word."}]
+    done = client.chat.completions.create(
+        model=MODEL_ALIAS, messages=messages, max_tokens=48, temperature=0
+    )
+    assert done.object == "chat.completion"
+    message = done.choices[0].message
+    assert message.role == "assistant" and message.content.strip()
+    assert "<|im_end|>" not in message.content
+    assert done.choices[0].finish_reason == "stop"  # the template's end token: our "eos"
+    assert done.model_extra["edge_spec"]["finish_reason"] == "eos"
+    assert done.usage.prompt_tokens > 10  # the system prompt the template adds
+
+    stream = client.chat.completions.create(
+        model=MODEL_ALIAS, messages=messages, max_tokens=48, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.usage is None for c in chunks)  # usage only when include_usage asks
+
+
+PROMPT_TOPICS = [
+    "the moon",
+    "bread",
+    "rivers",
+    "the violin",
+    "volcanoes",
+    "honeybees",
+    "glass",
+    "chess",
+    "the desert",
+    "lighthouses",
+    "tea",
+    "snow",
+    "bridges",
+    "owls",
+    "paper",
+    "the ocean",
+    "clocks",
+    "mushrooms",
+    "trains",
+    "copper",
+    "thunder",
+    "maps",
+    "cotton",
+    "whales",
+    "salt",
+]
+
+
+def _request(client: openai.OpenAI, i: int) -> tuple[str, str, int]:
+    """Request i of 25 (alternating completion and chat), greedy and short."""
+    topic = PROMPT_TOPICS[i]
+    if i % 2:
+        done = client.chat.completions.create(
+            model=MODEL_ALIAS,
+            messages=[{"role": "user", "content": f"Tell me one fact about {topic}."}],
+            max_tokens=8,
+            temperature=0,
+        )
+        return (
+            done.choices[0].message.content,
+            done.choices[0].finish_reason,
+            done.usage.completion_tokens,
+        )
+    completion = client.completions.create(
+        model=MODEL_ALIAS, prompt=f"A short note about {topic}:", max_tokens=8, temperature=0
+    )
+    return (
+        completion.choices[0].text,
+        completion.choices[0].finish_reason,
+        completion.usage.completion_tokens,
+    )
+
+
+@models
+def test_eight_concurrent_clients_match_sequential_results(server: LiveServer) -> None:
+    """Each client sends all 25 requests in its own order, so every request runs after a
+    different one than in the sequential run: any state leaking between requests (KV cache,
+    RNG, policy, stop strings) would change a greedy output."""
+    sequential = {i: _request(server.client(), i) for i in range(25)}
+    assert all(text for text, _, _ in sequential.values())
+
+    def client_run(c: int) -> list[tuple[int, tuple[str, str, int]]]:
+        client = server.client()
+        order = [(c * 7 + j) % 25 for j in range(25)]
+        if c % 2:
+            order.reverse()
+        return [(i, _request(client, i)) for i in order]
+
+    depths: list[float] = []
+    running = threading.Event()
+    running.set()
+
+    def sample_queue() -> None:  # evidence that the requests really overlapped
+        while running.is_set():
+            depths.append(server.metrics()["edge_spec_queue_depth"])
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample_queue)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            runs = list(pool.map(client_run, range(8)))
+    finally:
+        running.clear()
+        sampler.join()
+    assert max(depths) >= 2
+    answers = [answer for run in runs for answer in run]
+    assert len(answers) == 200
+    mismatches = [(i, got, sequential[i]) for i, got in answers if got != sequential[i]]
+    assert not mismatches, mismatches[:3]
+    values = server.metrics()
+    assert values["edge_spec_queue_depth"] == 0 and values["edge_spec_requests_running"] == 0
+
+
+@models
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_cancels_the_generation_and_frees_the_server(
+    server: LiveServer, stream: bool
+) -> None:
+    before = server.metrics()
+    body = {
+        "model": MODEL_ALIAS,
+        "prompt": "Count: 1, 2, 3, 4, 5,",  # greedy: counts on for all 600 tokens
+        "max_tokens": 600,
+        "temperature": 0,
+        "stream": stream,
+    }
+    url = server.url + "/v1/completions"
+    if stream:
+        with httpx.Client(timeout=120) as http:
+            with http.stream("POST", url, json=body, headers=server.headers()) as response:
+                assert response.status_code == 200
+                n_chunks = 0
+                for line in response.iter_lines():
+                    n_chunks += line.startswith("data: {")
+                    if n_chunks == 2:
+                        break  # leaving the block closes the connection in mid-stream
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
+            httpx.post(
+                url, json=body, headers=server.headers(), timeout=httpx.Timeout(60, read=0.5)
+            )
+    deadline = time.monotonic() + 120
+    while True:
+        after = server.metrics()
+        if (
+            after["edge_spec_requests_cancelled_total"]
+            > before["edge_spec_requests_cancelled_total"]
+        ):
+            break
+        assert time.monotonic() < deadline, "the generation was never cancelled"
+        time.sleep(0.05)
+    generated = (
+        after["edge_spec_completion_tokens_total"] - before["edge_spec_completion_tokens_total"]
+    )
+    assert 0 < generated < 600  # stopped early, not run to max_tokens
+    key = 'edge_spec_requests_total{endpoint="/v1/completions",status="499"}'
+    assert after.get(key, 0) == before.get(key, 0) + 1
+    # The next request is served at once (nothing queued behind a zombie generation).
+    done = server.client().completions.create(
+        model=MODEL_ALIAS, prompt="Hi", max_tokens=3, temperature=0
+    )
+    assert done.usage.completion_tokens == 3
+    assert server.metrics()["edge_spec_requests_running"] == 0
+
+
+def _error(exc: openai.APIStatusError) -> dict[str, Any]:
+    return exc.response.json()["error"]
+
+
+@models
+def test_errors_have_the_openai_shape_and_status(server: LiveServer) -> None:
+    client = server.client()
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.completions.create(model="gpt-4o", prompt="Hi", max_tokens=3)
+    assert _error(unknown.value)["code"] == "model_not_found"
+    for bad in ({"temperature": -1}, {"top_p": 2}, {"n": 2}, {"max_tokens": 601}, {"stop": [""]}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL_ALIAS, prompt="Hi", **{"max_tokens": 3, **bad})
+        assert _error(err.value)["param"] == next(iter(bad)), bad
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=MODEL_ALIAS, messages=[{"role": "wizard", "content": "x"}]
+        )
+    with pytest.raises(openai.APIStatusError) as too_long:
+        client.completions.create(model=MODEL_ALIAS, prompt="hello " * 1500, max_tokens=3)
+    assert too_long.value.status_code == 413
+    assert _error(too_long.value)["code"] == "context_length_exceeded"
+    with pytest.raises(openai.APIStatusError) as too_long_chat:  # found before the stream opens
+        client.chat.completions.create(
+            model=MODEL_ALIAS, messages=[{"role": "user", "content": "hello " * 1500}], stream=True
+        )
+    assert too_long_chat.value.status_code == 413
+    assert _error(too_long_chat.value)["param"] == "messages"
+
+    headers = {**server.headers(), "Content-Type": "application/json"}
+    malformed = httpx.post(
+        server.url + "/v1/completions", content=b'{"model": "x", "prompt": ', headers=headers
+    )
+    assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_json"
+    oversized = httpx.post(
+        server.url + "/v1/completions",
+        content=json.dumps({"model": MODEL_ALIAS, "prompt": "a" * 70_000}).encode(),
+        headers=headers,
+    )
+    assert oversized.status_code == 413 and oversized.json()["error"]["code"] == "request_too_large"
+    route = httpx.get(server.url + "/v1/engines", headers=headers)
+    assert route.status_code == 404 and "error" in route.json()
+    # After all that, still serving.
+    assert client.completions.create(
+        model=MODEL_ALIAS, prompt="Hi", max_tokens=2, temperature=0
+    ).choices
+
+
+@models
+def test_authentication_on(server: LiveServer) -> None:
+    for key in ("wrong-key", ""):
+        with pytest.raises(openai.AuthenticationError) as err:
+            server.client(
+                api_key=key or "x", default_headers={} if key else {"Authorization": ""}
+            ).models.list()
+        assert _error(err.value)["code"] == "invalid_api_key"
+    for path in ("/metrics", "/v1/models"):
+        assert httpx.get(server.url + path).status_code == 401
+    assert httpx.post(server.url + "/v1/completions", json={}).status_code == 401
+    assert httpx.get(server.url + "/health").status_code == 200  # the one open route
+    assert httpx.get(server.url + "/metrics", headers=server.headers()).status_code == 200
+
+
+@models
+def test_authentication_off_and_a_full_queue(smollm2_path: Path, tmp_path: Path) -> None:
+    """A second server: no key, n-gram drafting, room for one waiting request."""
+    args = [
+        "-m",
+        str(smollm2_path),
+        "--draft-mode",
+        "ngram",
+        "--policy",
+        "fixed",
+        "--ctx-size",
+        "512",
+    ]
+    args += ["--threads", "1", "--max-queue", "1", "--max-tokens-limit", "400"]
+    live = LiveServer(args, tmp_path / "serve.log")
+    try:
+        client = live.client(api_key="anything")
+        assert client.models.list().data[0].id == "smollm2-135m-f16"
+        assert httpx.get(live.url + "/metrics").status_code == 200
+        done = client.completions.create(
+            model="smollm2-135m-f16", prompt="Hi", max_tokens=3, temperature=0
+        )
+        assert done.model_extra["edge_spec"]["draft_mode"] == "ngram"
+
+        # One generation running, one waiting: the third is refused with 429 at once.
+        long = {
+            "model": "smollm2-135m-f16",
+            "prompt": "Count: 1, 2, 3,",
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+        }
+        with httpx.Client(timeout=120) as http, ThreadPoolExecutor(1) as pool:
+            with http.stream("POST", live.url + "/v1/completions", json=long) as running:
+                lines = running.iter_lines()  # kept: dropping it would close the connection
+                next(lines)  # the first chunk: it runs
+                waiting = pool.submit(
+                    httpx.post,
+                    live.url + "/v1/completions",
+                    json={**long, "stream": False, "max_tokens": 2},
+                    timeout=120,
+                )
+                deadline = time.monotonic() + 60
+                while live.metrics()["edge_spec_queue_depth"] < 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                with pytest.raises(openai.RateLimitError) as full:
+                    client.completions.create(model="smollm2-135m-f16", prompt="Hi", max_tokens=2)
+                assert _error(full.value)["code"] == "queue_full"
+            assert waiting.result().status_code == 200  # served once the stream was dropped
+    finally:
+        live.stop()
