@@ -5,8 +5,8 @@
   its defaults are N = 10, G = 2). It lives in backend.py, the only llama_cpp importer.
 - `cpp-lookup[-kK]`, `cpp-speculative[-kK]`: llama.cpp's C++ examples `llama-lookup` and
   `llama-speculative-simple`, built from the same vendored llama.cpp by
-  `scripts/build_llama_examples.py`, run as subprocesses (cpp_peers.py). Default k: 8 for
-  lookup (llama-lookup's own n-gram cache drafts up to k), 4 for the draft model.
+  `scripts/build_llama_examples.py`, run as subprocesses (cpp_peers.py). Default k: 3, the
+  vendored llama.cpp's own default (`--spec-draft-n-max`).
 
 Every peer answers `run(text, prompt_ids, max_tokens, temperature, seed) -> PeerResult`.
 """
@@ -81,7 +81,7 @@ def make_peers(specs: list[str], setup: PeerSetup) -> list[Peer]:
             peers.append(LlamaCppPythonLookup(spec, shared, n_pred, n_gram))
         else:
             kind = m[4]
-            k = int(m[5]) if m[5] else (8 if kind == "lookup" else 4)
+            k = int(m[5]) if m[5] else 3
             peers.append(CppExample(spec, setup, kind, k))
     return peers
 
