@@ -38,6 +38,13 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument("--ctx-size", "-c", type=int, default=4096)
     serve.add_argument("--threads", "-t", type=int, default=None)
     serve.add_argument("--mem-budget", default=None, help="RAM the models may use, e.g. 2G")
+    serve.add_argument(
+        "--ngram-session-tokens",
+        type=int,
+        default=0,
+        help="draft from up to this many tokens of earlier requests (default 0: each request "
+        "drafts from itself only, so no client's text speeds up or slows down another's)",
+    )
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait (429)")
     serve.add_argument(
         "--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask"
@@ -73,6 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
         n_ctx=args.ctx_size,
         n_threads=args.threads,
         mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
+        ngram_session_tokens=args.ngram_session_tokens,
     )
     base = GenerationConfig(k=args.k, k_max=args.k_max, policy=args.policy)
     # A manifest name is its file's stem; a path is listed by its stem but accepted as given.
