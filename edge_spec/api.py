@@ -45,7 +45,9 @@ class EngineConfig:
     ngram_max: int = 3
     ngram_min: int = 1
     # Earlier requests' prompts and outputs the n-gram source drafts from (0: this request only).
-    ngram_session_tokens: int = 32768
+    # Off by default: drafts decide which random numbers a sampled request draws, so with a
+    # session the same seed no longer gives the same text (the distribution is unchanged).
+    ngram_session_tokens: int = 0
 
     def __post_init__(self) -> None:
         checks = [
