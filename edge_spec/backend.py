@@ -489,8 +489,9 @@ class PromptLookupPeer:
         sampler = llm.generate(
             ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0
         )
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
         for token in sampler:
-            if llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
                 finish = "eos"
                 break
             out.append(int(token))
