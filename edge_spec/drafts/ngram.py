@@ -86,6 +86,8 @@ class NgramIndex:
         if self.session_tokens <= 0:
             self._docs, self._first, self._ends = [[]], 0, {}
             return
+        if not self._live:  # nothing indexed yet: keep using it
+            return
         self._docs.append([])
         while len(self._docs) > 1 and sum(map(len, self._docs)) > self.session_tokens:
             self._drop_oldest()
