@@ -72,12 +72,27 @@ def _curve(points: tuple[float, ...], n: int) -> float:
     return last + (n - len(points)) * max(last - prev, 0.0)
 
 
+Consensus = Literal["one", "all", "split"]
+
+
 @dataclass(frozen=True)
 class NgramCandidate:
     """What the n-gram lookup could propose this step (computed before planning: it is cheap)."""
 
     tokens: tuple[int, ...]
     match_len: int  # length of the suffix n-gram that matched (0: no match)
+    # The matched n-gram's recent occurrences, and how many of them were followed by tokens[0]:
+    # an n-gram whose occurrences all went on the same way predicts its next token far better
+    # than one whose occurrences went different ways.
+    n_occurrences: int = 1
+    n_agreeing: int = 1
+
+    @property
+    def consensus(self) -> Consensus:
+        """ "one" (a single occurrence), "all" (several, all agreeing) or "split"."""
+        if self.n_agreeing < self.n_occurrences:
+            return "split"
+        return "one" if self.n_occurrences <= 1 else "all"
 
 
 @dataclass(frozen=True)
@@ -398,8 +413,11 @@ class OnlineCosts:
 
 # ---- the cost-model policy -------------------------------------------------------------------
 
-# The n-gram source's acceptance is estimated per match length: 1, 2, 3-5, 6-11, 12+ tokens.
+# The n-gram source's acceptance is estimated per match length (1, 2, 3-5, 6-11, 12+ tokens)
+# and per consensus of the matched n-gram's occurrences, with graded priors.
 NGRAM_BUCKETS = (1, 2, 3, 6, 12)
+NGRAM_MATCH_PRIOR = (0.6, 1.0, 1.4, 1.6, 1.8)
+NGRAM_CONSENSUS_PRIOR: dict[Consensus, float] = {"one": 1.0, "all": 1.2, "split": 0.6}
 
 
 @dataclass
@@ -416,9 +434,10 @@ class CostModelK:
     """Chooses (source, k) per step maximising expected tokens per second.
 
     E(k) = 1 + sum_{j <= k} prod_{i <= j} alpha_i, with alpha_i online per source (and, for
-    the n-gram source, per match length 1, 2, 3-5, 6-11, 12+); cost = per-step overhead + draft
-    cost + t(k + 1), where the model draft's cost includes re-decoding the tokens its cache
-    lacks. The plain step (k = 0, E = 1, cost t(1)) is always an option.
+    the n-gram source, per match length 1, 2, 3-5, 6-11, 12+ and per consensus of the matched
+    n-gram's occurrences); cost = per-step overhead + draft cost + t(k + 1), where the model
+    draft's cost includes re-decoding the tokens its cache lacks. The plain step (k = 0, E = 1,
+    cost t(1)) is always an option.
 
     For the model source the plan's k is a cap: keep_drafting() stops the draft once the next
     tokens' expected tokens per second, with acceptance calibrated on the draft's own
@@ -459,10 +478,11 @@ class CostModelK:
         self.margin = margin
         n = max(k_max, 1)
         self.model = AcceptanceEstimate(prior["model"], n, decay)
-        # Longer matches predict acceptance better: separate estimates, priors graded.
+        # Longer and unanimous matches predict acceptance better: separate estimates.
         self.ngram = {
-            m: AcceptanceEstimate(min(prior["ngram"] * f, 0.95), n, decay)
-            for m, f in zip(NGRAM_BUCKETS, (0.6, 1.0, 1.4, 1.6, 1.8))
+            (m, kind): AcceptanceEstimate(min(prior["ngram"] * f * g, 0.95), n, decay)
+            for m, f in zip(NGRAM_BUCKETS, NGRAM_MATCH_PRIOR)
+            for kind, g in NGRAM_CONSENSUS_PRIOR.items()
         }
         self.calibration = ConfidenceCalibration()
         self.probes = {s: _Probe(probe_min) for s in DRAFT_SOURCES}
@@ -481,8 +501,9 @@ class CostModelK:
         self._reach = 1.0  # P(every model token so far this step is accepted)
         self._ngram_request = {m: RequestEstimate(shared) for m, shared in self.ngram.items()}
 
-    def _bucket(self, match_len: int) -> RequestEstimate:
-        return self._ngram_request[max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))]
+    def _bucket(self, match_len: int, consensus: Consensus = "one") -> RequestEstimate:
+        m = max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))
+        return self._ngram_request[m, consensus]
 
     def _best_k(
         self, alphas: Sequence[float], k_cap: int, fixed_s: float, per_token_s: float
@@ -512,7 +533,7 @@ class CostModelK:
             out["model"] = self._best_k(self.model.alphas(k_cap), k_cap, fixed, per_token)
         if "ngram" in sources and ngram is not None and ngram.tokens and k_cap > 0:
             cap = min(k_cap, len(ngram.tokens))
-            alphas = self._bucket(ngram.match_len).alphas(cap)
+            alphas = self._bucket(ngram.match_len, ngram.consensus).alphas(cap)
             out["ngram"] = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
         return out
 
@@ -608,6 +629,7 @@ class CostModelK:
         else:
             self._since_model_s += outcome.draft_s + outcome.verify_s
         candidate = self._candidate
+        consensus = candidate.consensus if candidate is not None else "one"
         if candidate is not None and candidate.tokens and outcome.tokens:
             # Score the n-gram candidate on what the target produced, whatever drafted: as if
             # it had drafted min(len, produced) tokens.
@@ -615,11 +637,11 @@ class CostModelK:
             agree = 0
             while agree < n and candidate.tokens[agree] == outcome.tokens[agree]:
                 agree += 1
-            observed.append(self._bucket(candidate.match_len))
+            observed.append(self._bucket(candidate.match_len, candidate.consensus))
             observed[-1].observe(n, agree)
             self._scored_ngram = True
         elif used == "ngram":
-            observed.append(self._bucket(outcome.match_len))
+            observed.append(self._bucket(outcome.match_len, consensus))
             observed[-1].observe(outcome.n_drafted, outcome.n_accepted)
         self._candidate = None
         # Evidence about a source that goes unused fades slowly, so that a source written off
@@ -632,12 +654,14 @@ class CostModelK:
             if name == used:
                 probe.since = 0
                 if probe.pending:
-                    probe.interval = self._next_interval(name, probe.interval, outcome)
+                    probe.interval = self._next_interval(name, probe.interval, outcome, consensus)
             else:
                 probe.since += 1
             probe.pending = False
 
-    def _next_interval(self, source: SourceName, interval: int, outcome: StepOutcome) -> int:
+    def _next_interval(
+        self, source: SourceName, interval: int, outcome: StepOutcome, consensus: Consensus
+    ) -> int:
         """Reset the backoff when the probe shows the source now beats a plain step."""
         c = self.costs
         if source == "model":
@@ -645,7 +669,7 @@ class CostModelK:
             per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
             _, rate = self._best_k(alphas, self.k_max, c.draft_s(1, 1) - per_token, per_token)
         else:
-            alphas = self._bucket(outcome.match_len).alphas(self.k_max)
+            alphas = self._bucket(outcome.match_len, consensus).alphas(self.k_max)
             _, rate = self._best_k(alphas, self.k_max, c.ngram_s, 0.0)
         if rate > 1.0 / c.t(1):
             return self.probe_min

@@ -19,6 +19,7 @@ from edge_spec.bench.cpp_peers import (
     BINARIES,
     CppPeerError,
     CppPeerSettings,
+    credited_tokens,
     find_bin_dir,
     parse_stats,
     parse_text,
@@ -188,6 +189,25 @@ def test_run_cpp_peer_with_stand_in_binary(tmp_path: Path) -> None:
     assert run.text.startswith(" Wednesday, Thursday")
     assert run.settings.k == 4 and run.settings.draft_path == "d.gguf"
     assert run.command[0] == str(bin_dir / "llama-speculative-simple")
+
+
+def test_credited_tokens_count_only_timed_tokens_up_to_the_request() -> None:
+    # llama-lookup: the first token comes from the prompt's logits, then overshoot past -n.
+    assert credited_tokens("lookup", 69, 64) == 64
+    assert credited_tokens("lookup", 65, 64) == 64
+    assert credited_tokens("lookup", 12, 64) == 11  # stopped at end of generation
+    assert credited_tokens("lookup", 0, 64) == 0
+    # llama-speculative-simple: every printed token came out of a timed step.
+    assert credited_tokens("speculative", 65, 64) == 65
+
+
+def test_run_cpp_peer_lookup_rate_uses_credited_tokens(tmp_path: Path) -> None:
+    body = 'cat "$DATA/cpp_peer_lookup.stdout"\ncat "$DATA/cpp_peer_lookup.stderr" >&2'
+    bin_dir = fake_bin_dir(tmp_path, body)
+    run = run_cpp_peer("lookup", bin_dir, "t.gguf", None, PROMPT, 16, 2, 512, 4)
+    # The capture printed 25 tokens in 3.130 s for -n 24; asked for 16 here: 16 are credited.
+    assert (run.n_printed, run.n_generated) == (25, 16)
+    assert run.tokens_per_s == pytest.approx(16 / 3.130)
 
 
 def test_run_cpp_peer_failure_reports_stderr_tail(tmp_path: Path) -> None:

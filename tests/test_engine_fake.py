@@ -174,3 +174,23 @@ def test_ngram_draft_reuses_an_earlier_request_and_prefers_the_longest_match() -
     draft.begin([])
     candidate = draft.candidate([1, 2, 3, 4, 5, 6, 9, 9, 4, 5, 7, 0, 2, 3, 4, 5], 2)
     assert candidate.tokens == (6, 9) and candidate.match_len == 4
+
+
+def test_ngram_candidate_reports_how_the_occurrences_continued() -> None:
+    from edge_spec.drafts.ngram import NgramDraft
+
+    draft = NgramDraft(max_ngram=3)
+    draft.begin([])
+    # (1, 2) occurred three times, followed by 9, 9 and 7; none agrees further back, so the
+    # latest is copied (7) and two of the three occurrences disagree with it.
+    split = draft.candidate([1, 2, 9, 1, 2, 9, 1, 2, 7, 5, 1, 2], 2)
+    assert (split.tokens, split.match_len) == ((7, 5), 2)
+    assert (split.n_occurrences, split.n_agreeing, split.consensus) == (3, 1, "split")
+    draft.begin([])
+    unanimous = draft.candidate([1, 2, 9, 4, 1, 2, 9, 5, 1, 2], 1)
+    assert (unanimous.tokens, unanimous.n_occurrences, unanimous.consensus) == ((9,), 2, "all")
+    draft.begin([])
+    single = draft.candidate([3, 1, 2, 9, 4, 1, 2], 1)
+    assert (single.tokens, single.match_len, single.consensus) == ((9,), 2, "one")
+    none = draft.candidate([5, 6], 3)
+    assert (none.tokens, none.match_len, none.n_occurrences) == ((), 0, 0)

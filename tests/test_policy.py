@@ -235,7 +235,7 @@ def test_ngram_candidates_are_scored_on_the_produced_tokens() -> None:
         policy.update(outcome("none", 0, 0, costs, tokens=(1,)))
         n_plain += 1
     assert 1 <= n_plain <= 5
-    assert policy.ngram[3].alphas(1)[0] > 0.7
+    assert policy.ngram[3, "one"].alphas(1)[0] > 0.7
 
 
 # ---- baselines -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .base import NO_DRAFT, Draft, KeepDrafting
 
 MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
 N_RECENT = 16  # occurrences kept per n-gram
+NO_MATCH = NgramCandidate(NO_DRAFT.tokens, 0, 0, 0)
 
 
 class NgramDraft:
@@ -49,9 +50,9 @@ class NgramDraft:
         self._index = NgramIndex(self.max_ngram, self._index.session_tokens)
 
     def candidate(self, context: Sequence[int], k: int) -> NgramCandidate:
-        """What a proposal of up to k tokens would be, with the length of the match."""
-        tokens, match_len = self._index.lookup(context, k, self.min_ngram)
-        return NgramCandidate(tokens, match_len)
+        """What a proposal of up to k tokens would be, with the length of the match and how
+        the matched n-gram's occurrences continued."""
+        return self._index.lookup(context, k, self.min_ngram)
 
     def propose(
         self,
@@ -101,7 +102,7 @@ class NgramIndex:
             if (kept := [(d, e) for d, e in ends if d >= self._first])
         }
 
-    def lookup(self, context: Sequence[int], k: int, min_ngram: int) -> tuple[tuple[int, ...], int]:
+    def lookup(self, context: Sequence[int], k: int, min_ngram: int) -> NgramCandidate:
         """The same answer as `lookup(context, k, max_ngram, min_ngram, history)` with the
         session's documents as history."""
         live = self._live
@@ -119,17 +120,17 @@ class NgramIndex:
                     del ends[0]
         live.extend(context[n_seen : n_ctx - 1])
         if k <= 0:
-            return NO_DRAFT.tokens, 0
+            return NO_MATCH
         for n in range(min(self.max_ngram, n_ctx - 1), min_ngram - 1, -1):
             ends = self._ends.get(tuple(context[n_ctx - n :]))
             if ends:
-                best = max(
-                    (self._scored(d, e, context, n) for d, e in reversed(ends)),
-                    key=lambda item: item[2],  # the first of ties: the most recent
-                )
-                source, end, match = best
-                return tuple(int(t) for t in source[end : end + k]), match
-        return NO_DRAFT.tokens, 0
+                scored = [self._scored(d, e, context, n) for d, e in reversed(ends)]
+                # The first of ties: the most recent.
+                source, end, match = max(scored, key=lambda item: item[2])
+                tokens = tuple(int(t) for t in source[end : end + k])
+                agreeing = sum(_follows(src, e, tokens) for src, e, _ in scored)
+                return NgramCandidate(tokens, match, len(scored), agreeing)
+        return NO_MATCH
 
     def _scored(
         self, doc: int, end: int, context: Sequence[int], n: int
@@ -140,6 +141,12 @@ class NgramIndex:
             context if doc == self._first + len(self._docs) - 1 else self._docs[doc - self._first]
         )
         return source, end, _extend(source, end, context, n)
+
+
+def _follows(source: Sequence[int], end: int, tokens: tuple[int, ...]) -> bool:
+    """Whether the occurrence ending at `end` was followed by the proposal's first token (an
+    earlier request's document ends before its last token: nothing follows there)."""
+    return bool(tokens) and end < len(source) and int(source[end]) == tokens[0]
 
 
 def _extend(source: Sequence[int], end: int, context: Sequence[int], n: int) -> int:
@@ -158,16 +165,17 @@ def lookup(
     max_ngram: int,
     min_ngram: int,
     history: Sequence[Sequence[int]] = (),
-) -> tuple[tuple[int, ...], int]:
+) -> NgramCandidate:
     """The reference: up to k tokens that followed an earlier occurrence of the longest
     matching suffix n-gram of `context` (in `history`, oldest first, or in context itself),
-    and the match length. Among the N_RECENT most recent occurrences, the one agreeing with the
-    context furthest back (up to MAX_MATCH), ties to the most recent; ((), 0) when nothing
+    the match length, and how many of the N_RECENT most recent occurrences there were and
+    were followed by the proposal's first token. The occurrence copied is the one agreeing with
+    the context furthest back (up to MAX_MATCH), ties to the most recent; NO_MATCH when nothing
     matches. History documents are as the index holds them (each request's context but its
     last token); the context's own occurrences exclude its final position."""
     n_ctx = len(context)
     if k <= 0 or n_ctx < min_ngram + 1:
-        return NO_DRAFT.tokens, 0
+        return NO_MATCH
     docs = [np.asarray(d, dtype=np.int64) for d in history]
     ids = np.asarray(context, dtype=np.int64)
     docs.append(ids[:-1])
@@ -186,8 +194,10 @@ def lookup(
             ]
             match, best = max(scored)
             d, end = recent[best]
-            return tuple(int(t) for t in _full(d, docs, ids)[end : end + k]), match
-    return NO_DRAFT.tokens, 0
+            tokens = tuple(int(t) for t in _full(d, docs, ids)[end : end + k])
+            agreeing = sum(_follows(_full(d, docs, ids), e, tokens) for d, e in recent)
+            return NgramCandidate(tokens, match, len(recent), agreeing)
+    return NO_MATCH
 
 
 def _full(d: int, docs: list[np.ndarray], ids: np.ndarray) -> np.ndarray:
