@@ -45,7 +45,7 @@ def table(folder: Path, temperature: float) -> str:
                 if s is None
                 else f"{s['speedup']:.2f}× ({s['speedup_ci95'][0]:.2f}–{s['speedup_ci95'][1]:.2f})"
             )
-        name = f"**{category}**" if category == "all" else category
+        name = f"**{category}**" if category in ("all", "input_reusing", "generative") else category
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     overall = [cell[("all", s)] for s in ["target", *strategies] if ("all", s) in cell]
     speeds = ", ".join(f"{s['strategy']} {s['tokens_per_s']:.1f}" for s in overall)

@@ -14,6 +14,8 @@ import numpy as np
 from .runner import TARGET, Run
 
 ALL = "all"
+# Aggregate rows over every category of one kind ("input_reusing", "generative"), named so.
+KIND_ROWS = ("input_reusing", "generative")
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,14 @@ class Summary:
 
 
 def summarize(runs: Sequence[Run], *, n_boot: int = 2000, seed: int = 0) -> list[Summary]:
-    """One Summary per (category, temperature, strategy), plus category "all" per (temperature,
-    strategy)."""
+    """One Summary per (category, temperature, strategy), plus per (temperature, strategy) the
+    kinds' aggregates ("input_reusing", "generative": every category of that kind together,
+    when the runs cover both kinds) and "all"."""
     groups: dict[tuple[str, float, str], list[Run]] = defaultdict(list)
+    both_kinds = {run.kind for run in runs} >= set(KIND_ROWS)
     for run in runs:
-        for category in (run.category, ALL):
+        kind = (run.kind,) if both_kinds and run.kind in KIND_ROWS else ()
+        for category in (run.category, *kind, ALL):
             groups[(category, run.temperature, run.strategy)].append(run)
     rng = np.random.default_rng(seed)
     out = []
@@ -52,9 +57,12 @@ def summarize(runs: Sequence[Run], *, n_boot: int = 2000, seed: int = 0) -> list
     return out
 
 
-def _order(item: tuple[tuple[str, float, str], list[Run]]) -> tuple[bool, str, float, bool, str]:
+def _order(
+    item: tuple[tuple[str, float, str], list[Run]],
+) -> tuple[int, str, float, bool, str]:
     (category, temperature, strategy), _ = item
-    return (category == ALL, category, temperature, strategy != TARGET.name, strategy)
+    rank = 2 if category == ALL else 1 if category in KIND_ROWS else 0
+    return (rank, category, temperature, strategy != TARGET.name, strategy)
 
 
 def _summary(
