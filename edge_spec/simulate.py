@@ -15,7 +15,10 @@ so one recording answers every k: drafting k tokens at pos accepts min(k, agree[
                   "tokens": [N target token ids],
                   "model": {"agree": [N], "confidence": [N lists of min(16, N - pos)]},
                   "ngram": {"agree": [N], "proposal": [N lists], "proposal_len": [N],
-                            "match_len": [N]}}]}
+                            "match_len": [N], "n_occurrences": [N], "n_agreeing": [N]}}]}
+
+n_occurrences / n_agreeing (how the matched n-gram's recent occurrences went on, which the cost
+policy keys its n-gram acceptance on) are absent from older traces: read as one occurrence.
 
 Only T = 0 is recorded. A T > 0 trace would need, per position, the acceptance probability
 min(1, p_target / p_draft) of each sampled draft token; that variant is not recorded yet.
@@ -75,6 +78,18 @@ class PromptTrace:
     ngram_agree: tuple[int, ...]
     ngram_proposal: tuple[tuple[int, ...], ...]
     ngram_match_len: tuple[int, ...]
+    ngram_occurrences: tuple[int, ...] = ()  # empty: not recorded (one occurrence each)
+    ngram_agreeing: tuple[int, ...] = ()
+
+    def ngram_candidate(self, pos: int, k_cap: int) -> NgramCandidate:
+        """What the n-gram lookup proposed at pos, cut to k_cap tokens."""
+        if k_cap <= 0 or not self.ngram_proposal[pos]:
+            return NgramCandidate((), 0, 0, 0)
+        occurrences = self.ngram_occurrences[pos] if self.ngram_occurrences else 1
+        agreeing = self.ngram_agreeing[pos] if self.ngram_agreeing else 1
+        return NgramCandidate(
+            self.ngram_proposal[pos][:k_cap], self.ngram_match_len[pos], occurrences, agreeing
+        )
 
     @property
     def n_tokens(self) -> int:
@@ -124,6 +139,8 @@ def _load_trace_file(path: Path) -> TraceSet:
             ngram_agree=tuple(ngram["agree"]),
             ngram_proposal=tuple(tuple(p) for p in ngram["proposal"]),
             ngram_match_len=tuple(ngram["match_len"]),
+            ngram_occurrences=tuple(ngram.get("n_occurrences", ())),
+            ngram_agreeing=tuple(ngram.get("n_agreeing", ())),
         )
         lengths = {
             len(trace.model_agree),
@@ -131,6 +148,7 @@ def _load_trace_file(path: Path) -> TraceSet:
             len(trace.ngram_agree),
             len(trace.ngram_proposal),
             len(trace.ngram_match_len),
+            *(len(c) for c in (trace.ngram_occurrences, trace.ngram_agreeing) if c),
         }
         if lengths != {n}:
             raise ValueError(f"{path}: prompt {trace.id}: per-position lists differ in length")
@@ -272,9 +290,7 @@ def replay(
         k_cap = min(k_max, n - pos - 1)
         candidate = None
         if "ngram" in sources:
-            candidate = NgramCandidate(
-                trace.ngram_proposal[pos][:k_cap], trace.ngram_match_len[pos] if k_cap else 0
-            )
+            candidate = trace.ngram_candidate(pos, k_cap)
         plan = policy.plan(sources, k_cap, candidate)
         _check_plan(plan.source, plan.k, k_cap, candidate, sources)
         confidences: tuple[float, ...] = ()

@@ -8,7 +8,9 @@ context prompt + target[:pos]:
 - model: the draft's greedy continuation of K_MAX tokens, how many of them match the target's
   continuation (`agree`), and the draft's probability of each of its tokens (`confidence`);
 - ngram: the prompt-lookup proposal (edge_spec.drafts.ngram.lookup, max_ngram 3, min_ngram 1),
-  its matched n-gram length and how many of its tokens match (`agree`).
+  its matched n-gram length, how many recent occurrences the matched n-gram had and how many of
+  them went on with the proposal's first token (the policy's consensus), and how many of its
+  tokens match (`agree`).
 
 Greedy (T=0) only: the policies are judged on the acceptance pattern, and at T=0 acceptance is a
 deterministic prefix match, so one recording serves every k. The draft's greedy chain is reused
@@ -119,6 +121,8 @@ def record_prompt(
     ng_len: list[int] = []
     ng_match: list[int] = []
     ng_prop: list[list[int]] = []
+    ng_occ: list[int] = []  # the matched n-gram's recent occurrences
+    ng_agreeing: list[int] = []  # ... and how many were followed by the proposal's first token
     draft_times: list[float] = []
 
     # chain: the draft's greedy continuation of context[:n_prompt + pos]; the draft's KV holds
@@ -143,7 +147,8 @@ def record_prompt(
         model_agree.append(agree)
         model_conf.append([round(c, 4) for _, c in chain[:want]])
 
-        proposal, match_len = lookup(context[:ctx_len], K_MAX, MAX_NGRAM, MIN_NGRAM)
+        candidate = lookup(context[:ctx_len], K_MAX, MAX_NGRAM, MIN_NGRAM)
+        proposal = candidate.tokens
         ng_agree_pos = 0
         while (
             ng_agree_pos < len(proposal)
@@ -153,7 +158,9 @@ def record_prompt(
             ng_agree_pos += 1
         ng_agree.append(ng_agree_pos)
         ng_len.append(len(proposal))
-        ng_match.append(match_len)
+        ng_match.append(candidate.match_len)
+        ng_occ.append(candidate.n_occurrences)
+        ng_agreeing.append(candidate.n_agreeing)
         ng_prop.append(list(proposal))
 
         # Advance: the chain stays valid only if its first token is the target's.
@@ -171,6 +178,8 @@ def record_prompt(
             "agree": ng_agree,
             "proposal_len": ng_len,
             "match_len": ng_match,
+            "n_occurrences": ng_occ,
+            "n_agreeing": ng_agreeing,
             "proposal": ng_prop,
         },
     }

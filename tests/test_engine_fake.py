@@ -194,3 +194,20 @@ def test_ngram_candidate_reports_how_the_occurrences_continued() -> None:
     assert (single.tokens, single.match_len, single.consensus) == ((9,), 2, "one")
     none = draft.candidate([5, 6], 3)
     assert (none.tokens, none.match_len, none.n_occurrences) == ((), 0, 0)
+
+
+def test_ngram_proposal_goes_around_a_loop_that_reaches_the_end_of_the_context() -> None:
+    from edge_spec.drafts.ngram import NgramDraft, lookup
+
+    loop = [5, 1, 2, 3, 1, 2, 3, 1, 2]  # period 3: the latest (3, 1, 2) is followed by 3, 1, 2
+    draft = NgramDraft(max_ngram=3)
+    draft.begin([])
+    candidate = draft.candidate(loop, 7)
+    assert candidate.tokens == (3, 1, 2, 3, 1, 2, 3)
+    assert lookup(loop, 7, 3, 1) == candidate
+    # An earlier request's document really ended: nothing is invented past its end.
+    session = NgramDraft(max_ngram=3, session_tokens=100)
+    session.begin([])
+    session.candidate([7, 8, 9, 4], 1)
+    session.begin([])
+    assert session.candidate([0, 7, 8], 5).tokens == (9,)

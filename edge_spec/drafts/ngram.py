@@ -6,8 +6,10 @@ and outputs), and proposes the tokens that followed it. Among the recent occurre
 n-gram it takes the one whose agreement with the context reaches furthest back (a suffix
 match, as in SuffixDecoding), ties to the most recent. The match length it reports (up to
 MAX_MATCH tokens) is what the cost policy keys its acceptance estimates on: a 20-token match
-predicts a long copy far better than a 2-token one. Deterministic, so it carries no p_draft;
-verification treats each token as a point mass.
+predicts a long copy far better than a 2-token one. When the copied occurrence is so recent
+that its continuation runs into the end of the context, the text is repeating itself with that
+period (a loop, frequent in small models' greedy output) and the proposal goes on around it.
+Deterministic, so it carries no p_draft; verification treats each token as a point mass.
 
 It runs on every step of the auto mode, so it keeps an index that grows with the context
 instead of scanning it each step; `lookup` is the plain scan, the reference the index is
@@ -127,7 +129,7 @@ class NgramIndex:
                 scored = [self._scored(d, e, context, n) for d, e in reversed(ends)]
                 # The first of ties: the most recent.
                 source, end, match = max(scored, key=lambda item: item[2])
-                tokens = tuple(int(t) for t in source[end : end + k])
+                tokens = _continuation(source, end, k, periodic=source is context)
                 agreeing = sum(_follows(src, e, tokens) for src, e, _ in scored)
                 return NgramCandidate(tokens, match, len(scored), agreeing)
         return NO_MATCH
@@ -141,6 +143,18 @@ class NgramIndex:
             context if doc == self._first + len(self._docs) - 1 else self._docs[doc - self._first]
         )
         return source, end, _extend(source, end, context, n)
+
+
+def _continuation(source: Sequence[int], end: int, k: int, periodic: bool) -> tuple[int, ...]:
+    """Up to k tokens of source from `end`. periodic: source is the live context, whose end a
+    continuation may run into; the context then repeats with period len(source) - end, and the
+    proposal goes on around the loop up to k tokens."""
+    tokens = [int(t) for t in source[end : end + k]]
+    if periodic and 0 < len(tokens) < k:
+        period = len(tokens)
+        for i in range(period, k):
+            tokens.append(tokens[i - period])
+    return tuple(tokens)
 
 
 def _follows(source: Sequence[int], end: int, tokens: tuple[int, ...]) -> bool:
@@ -194,7 +208,7 @@ def lookup(
             ]
             match, best = max(scored)
             d, end = recent[best]
-            tokens = tuple(int(t) for t in _full(d, docs, ids)[end : end + k])
+            tokens = _continuation(_full(d, docs, ids), end, k, periodic=d == len(docs) - 1)
             agreeing = sum(_follows(_full(d, docs, ids), e, tokens) for d, e in recent)
             return NgramCandidate(tokens, match, len(recent), agreeing)
     return NO_MATCH
