@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Replay the draft-free strategy offline against a committed T = 0 bench run.
+
+The run's target-alone generations are the truth (greedy: every strategy must produce the same
+tokens, up to batched-logit near-ties). The script walks each prompt the way the engine does,
+with the n-gram lookup (NgramDraft) and the cost policy (CostModelK, shared across prompts as
+in the bench), and charges every step the run's measured verify cost t(k + 1) plus the per-step
+overhead measured in the run. It prints, per category, the replayed speedup over the target
+alone next to the speedup the run measured, and a clairvoyant bound: the same candidates, each
+step drafting exactly the tokens the target will accept when that pays. Variants of the lookup
+or the policy can be tried in seconds this way before a 30-minute bench; the replay tracked the
+real runs within 1-3 % so far.
+
+    .venv/bin/python scripts/replay_ngram.py bench/results/issue4-peers-t0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from edge_spec.api import EdgeSpec, EngineConfig  # noqa: E402
+from edge_spec.bench.prompts import load_prompts  # noqa: E402
+from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
+from edge_spec.policy import CostCurve, CostModelK, StepOutcome  # noqa: E402
+
+
+def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16):
+    """(tokens, replayed seconds) for one prompt; policy None with clairvoyant=True."""
+    draft = NgramDraft(3, 1)
+    draft.begin(prompt)
+    if policy is not None:
+        policy.begin()
+    context, pos, time_s = list(prompt), 0, 0.0
+    while pos < len(truth):
+        k_cap = min(k_max, len(truth) - pos - 1)
+        candidate = draft.candidate(context, k_cap)
+        agree = 0
+        while agree < len(candidate.tokens) and candidate.tokens[agree] == truth[pos + agree]:
+            agree += 1
+        if clairvoyant:
+            pays = agree and (agree + 1) / curve.t(agree + 1) > 1 / curve.t(1)
+            k = agree if pays else 0
+        else:
+            plan = policy.plan(("none", "ngram"), k_cap, candidate)
+            k = plan.k if plan.source == "ngram" else 0
+        accepted = min(k, agree)
+        produced = tuple(truth[pos : pos + accepted + 1])
+        verify_s = curve.t(k + 1)
+        time_s += verify_s + overhead_s
+        if policy is not None:
+            source = "ngram" if k else "none"
+            match_len = candidate.match_len if k else 0
+            policy.update(
+                StepOutcome(source, k, accepted, (), match_len, overhead_s, verify_s, produced)
+            )
+        context.extend(produced)
+        pos += len(produced)
+    return len(truth), time_s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path, help="a bench results folder (T = 0, with ngram-cost)")
+    ap.add_argument("--k-max", type=int, default=16)
+    args = ap.parse_args()
+    record = json.loads((args.folder / "results.json").read_text(encoding="utf-8"))
+    cc = record["cost_curve"]
+    curve = CostCurve(tuple(cc["verify_s"]), cc["draft_token_s"], cc["ngram_s"])
+    summaries = {
+        (s["category"], s["strategy"]): s for s in record["summaries"] if not s["temperature"]
+    }
+    everything = summaries.get(("all", "ngram-cost"))
+    overhead_s = 0.0
+    if everything:
+        split = everything["time_split_s"]
+        overhead_s = (split["draft"] + split["other"]) / max(sum(everything["k_chosen"]), 1)
+    truth = {
+        r["prompt_id"]: r["token_ids"]
+        for r in record["runs"]
+        if r["strategy"] == "target" and not r["temperature"] and r["repeat"] == 0
+    }
+    prompts = [p for p in load_prompts() if p.id in truth]
+    with EdgeSpec(
+        record["target"], None, draft_mode="none", config=EngineConfig(n_ctx=2048)
+    ) as spec:
+        ids = {p.id: spec.tokenize(p.completion) for p in prompts}
+    policy = CostModelK(curve, k_max=args.k_max)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for p in prompts:
+        n, replayed_s = walk(ids[p.id], truth[p.id], curve, overhead_s, policy, k_max=args.k_max)
+        _, bound_s = walk(ids[p.id], truth[p.id], curve, overhead_s, None, True, args.k_max)
+        plain_s = n * (curve.t(1) + overhead_s)
+        for key in (p.category, p.kind, "all"):
+            for i, value in enumerate((plain_s, replayed_s, bound_s)):
+                totals[key][i] += value
+    print(f"t(1) {curve.t(1) * 1e3:.1f} ms, overhead {overhead_s * 1e3:.2f} ms/step")
+    print(f"{'category':<18} {'replayed':>9} {'measured':>9} {'clairvoyant':>12}")
+    kinds = {p.kind for p in prompts}
+    order = sorted(totals, key=lambda key: (key == "all", key in kinds))  # categories, kinds, all
+    for key in order:
+        plain_s, replayed_s, bound_s = totals[key]
+        measured = summaries.get((key, "ngram-cost"), {}).get("speedup")
+        shown = f"{measured:.2f}x" if measured else "-"
+        print(f"{key:<18} {plain_s / replayed_s:>8.2f}x {shown:>9} {plain_s / bound_s:>11.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
