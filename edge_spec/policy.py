@@ -95,6 +95,9 @@ class NgramCandidate:
         return "one" if self.n_occurrences <= 1 else "all"
 
 
+NO_MATCH = NgramCandidate((), 0, 0, 0)  # the n-gram lookup found nothing
+
+
 @dataclass(frozen=True)
 class StepPlan:
     source: SourceName

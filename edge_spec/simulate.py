@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .policy import (
+    NO_MATCH,
     CostCurve,
     CostModelK,
     FixedK,
@@ -84,7 +85,7 @@ class PromptTrace:
     def ngram_candidate(self, pos: int, k_cap: int) -> NgramCandidate:
         """What the n-gram lookup proposed at pos, cut to k_cap tokens."""
         if k_cap <= 0 or not self.ngram_proposal[pos]:
-            return NgramCandidate((), 0, 0, 0)
+            return NO_MATCH
         occurrences = self.ngram_occurrences[pos] if self.ngram_occurrences else 1
         agreeing = self.ngram_agreeing[pos] if self.ngram_agreeing else 1
         return NgramCandidate(

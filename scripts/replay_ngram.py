@@ -87,9 +87,8 @@ def main() -> int:
         if r["strategy"] == "target" and not r["temperature"] and r["repeat"] == 0
     }
     prompts = [p for p in load_prompts() if p.id in truth]
-    with EdgeSpec(
-        record["target"], None, draft_mode="none", config=EngineConfig(n_ctx=2048)
-    ) as spec:
+    target = Path(record["target"]).stem  # the run's model, by its name in the manifest
+    with EdgeSpec(target, None, draft_mode="none", config=EngineConfig(n_ctx=2048)) as spec:
         ids = {p.id: spec.tokenize(p.completion) for p in prompts}
     policy = CostModelK(curve, k_max=args.k_max)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])

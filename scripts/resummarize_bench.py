@@ -13,22 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from edge_spec.bench.plots import write_plots
 from edge_spec.bench.report import markdown_table, summarize
 from edge_spec.bench.runner import Run, timestamp
-
-TUPLES = ("drafted_per_position", "accepted_per_position", "k_chosen", "token_ids")
-
-
-def load_runs(record: dict) -> list[Run]:
-    names = {f.name for f in fields(Run)}
-    return [
-        Run(**{k: tuple(v) if k in TUPLES else v for k, v in raw.items() if k in names})
-        for raw in record["runs"]
-    ]
 
 
 def main() -> int:
@@ -39,7 +28,7 @@ def main() -> int:
     for folder in args.folders:
         path = folder / "results.json"
         record = json.loads(path.read_text())
-        summaries = summarize(load_runs(record))
+        summaries = summarize([Run.from_dict(raw) for raw in record["runs"]])
         record["summaries"] = [s.to_dict() for s in summaries]
         record["resummarized"] = timestamp()
         path.write_text(json.dumps(record, indent=1))

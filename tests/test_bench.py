@@ -121,6 +121,10 @@ def test_bench_command_writes_results(tmp_path) -> None:
     assert summaries[("code_editing", "target")]["speedup"] == pytest.approx(1.0)
     assert summaries[("all", "model-k2")]["acceptance_rate"] > 0
     assert "| code_editing | 0 | auto |" in (out / "results.md").read_text()
+    # The written runs read back as the same Runs (scripts/resummarize_bench.py relies on it).
+    reread = [Run.from_dict(raw) for raw in record["runs"]]
+    assert json.loads(json.dumps([r.to_dict() for r in reread])) == record["runs"]
+    assert json.loads(json.dumps([s.to_dict() for s in summarize(reread)])) == record["summaries"]
     # The peer (llama-cpp-python's prompt lookup) drafted, and its greedy output is the
     # target's own on most prompts (batched logits may flip a near-tie, so not on all).
     peer = [r for r in record["runs"] if r["strategy"] == "lcpp-lookup"]

@@ -11,7 +11,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..api import EdgeSpec, GenerationConfig, GenerationResult
@@ -168,6 +168,15 @@ class Run:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Run:
+        """The inverse of to_dict (a results.json run; keys this version lacks are ignored)."""
+        kept = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name in ("drafted_per_position", "accepted_per_position", "k_chosen", "token_ids"):
+            if name in kept:
+                kept[name] = tuple(kept[name])
+        return cls(**kept)
 
 
 def run_bench(

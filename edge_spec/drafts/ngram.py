@@ -22,13 +22,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..policy import NgramCandidate
+from ..policy import NO_MATCH, NgramCandidate
 from ..sampling import SamplingParams
-from .base import NO_DRAFT, Draft, KeepDrafting
+from .base import Draft, KeepDrafting
 
 MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
 N_RECENT = 16  # occurrences kept per n-gram
-NO_MATCH = NgramCandidate(NO_DRAFT.tokens, 0, 0, 0)
 
 
 class NgramDraft:
