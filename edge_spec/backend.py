@@ -80,6 +80,16 @@ def llama_cpp_version() -> str:
     return str(getattr(llama_cpp, "__version__", "unknown"))
 
 
+def llama_build() -> str:
+    """What the installed llama.cpp was compiled with, as llama.cpp reports it: backends and CPU
+    features, e.g. "CPU : SSE3 = 1 | ... | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1". Two builds
+    of one version with other flags (no AVX-512, tinyBLAS off, CUDA) decode at other speeds."""
+    _ensure_backend()
+    info = llama_cpp.llama_print_system_info()
+    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info or "")
+    return " ".join(text.split()).strip(" |")
+
+
 def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
     """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed)."""
     check_gguf_file(src)

@@ -6,8 +6,10 @@ every row, at a realistic context length. `DeviceProfile.cost_curve()` turns it 
 `policy.CostCurve` the k policies plan with.
 
 Profiles live in `<cache_dir()>/profiles/<key>.json`; the key hashes everything that changes the
-numbers (host, CPU, both models' sha256, threads, GPU offload, llama.cpp version, schema), so a
-profile is reused until one of them changes. `load_or_profile` is the one entry point.
+numbers (host, CPU, both models' sha256, threads, GPU offload, llama.cpp version and the
+features its build was compiled with, schema), so a profile is reused until one of them changes;
+llama-cpp-python rebuilt with other flags is measured again. `load_or_profile` is the one entry
+point.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ def profile_key(
     gpu_offload: bool,
     n_gpu_layers: int,
     llama_cpp_version: str,
+    llama_build: str,
 ) -> str:
     """24 hex digits of the sha256 of everything that changes the measured costs."""
     parts = [
@@ -143,6 +146,7 @@ def profile_key(
         gpu_offload,
         n_gpu_layers,
         llama_cpp_version,
+        llama_build,
         SCHEMA_VERSION,
     ]
     return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()[:24]
@@ -199,6 +203,7 @@ def _request(
         gpu_offload=offload,
         n_gpu_layers=layers,
         llama_cpp_version=backend.llama_cpp_version(),
+        llama_build=backend.llama_build(),
     )
     return ProfileRequest(target, draft, target_sha, draft_sha, threads, layers, key)
 
@@ -402,6 +407,20 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_features(build: str) -> str:
+    """llama.cpp's system info, shortened to what is on: "CPU : SSE3 = 1 | AVX = 0 | ..." ->
+    "CPU: SSE3 ..."; valued entries keep their value ("CUDA: ARCHS=890")."""
+    words = []
+    for item in build.split("|"):
+        backend, colon, item = item.rpartition(":")
+        if colon:
+            words.append(backend.strip() + ":")
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name and value not in ("0", ""):
+            words.append(name if value == "1" else f"{name}={value}")
+    return " ".join(words)
+
+
 def format_profile(profile: DeviceProfile, path: Path, cached: bool) -> str:
     """The human table `edge-spec profile` prints."""
     h = profile.host
@@ -419,7 +438,7 @@ def format_profile(profile: DeviceProfile, path: Path, cached: bool) -> str:
         f"{'yes, ' + str(h.n_gpu_layers) + ' layers' if h.gpu_offload else 'no'}; VRAM {vram}",
         f"bandwidth  read {h.bandwidth_gbps:.1f} GB/s, copy {h.copy_gbps:.1f} GB/s "
         "(numpy, one thread)",
-        f"llama.cpp  {h.llama_cpp_version}",
+        f"llama.cpp  {h.llama_cpp_version}; built with {build_features(h.llama_build) or '?'}",
         f"profile    {'quick' if profile.quick else 'full'}, {origin} "
         f"(took {profile.profile_s:.1f} s; other processes used "
         f"{profile.other_cores_busy:.1f} cores meanwhile"

@@ -97,6 +97,7 @@ class HostInfo:
     bandwidth_gbps: float  # memory read bandwidth, numpy sum on one thread (GB/s = 1e9 B/s)
     copy_gbps: float  # numpy copy, bytes read + written
     llama_cpp_version: str
+    llama_build: str = ""  # backend.llama_build(); "" in profiles saved before it was recorded
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ def measure_host(n_threads: int, n_gpu_layers: int, settings: ProfileSettings) -
         bandwidth_gbps=read_gbps,
         copy_gbps=copy_gbps,
         llama_cpp_version=backend.llama_cpp_version(),
+        llama_build=backend.llama_build(),
     )
 
 

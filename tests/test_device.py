@@ -43,6 +43,7 @@ def _host(**changes: object) -> HostInfo:
         bandwidth_gbps=17.0,
         copy_gbps=25.0,
         llama_cpp_version="0.3.36",
+        llama_build="CPU : AVX512 = 1 | LLAMAFILE = 1",
     )
     return dataclasses.replace(host, **changes)
 
@@ -133,6 +134,20 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert isinstance(loaded.target.verify_s, tuple) and isinstance(loaded.host, HostInfo)
 
 
+def test_a_profile_saved_before_the_build_was_recorded_still_loads() -> None:
+    data = json.loads(_profile().to_json())
+    del data["host"]["llama_build"]
+    assert DeviceProfile.from_json(json.dumps(data)).host.llama_build == ""
+
+
+def test_build_features_keep_what_is_on() -> None:
+    cpu = "CPU : SSE3 = 1 | AVX = 0 | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1"
+    assert device.build_features(cpu) == "CPU: SSE3 AVX512 LLAMAFILE OPENMP"
+    cuda = "CUDA : ARCHS = 890 | USE_GRAPHS = 1 | " + cpu
+    assert device.build_features(cuda) == "CUDA: ARCHS=890 USE_GRAPHS " + device.build_features(cpu)
+    assert device.build_features("") == ""
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -172,6 +187,7 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
         gpu_offload=False,
         n_gpu_layers=0,
         llama_cpp_version="0.3.36",
+        llama_build="CPU : AVX512 = 1 | LLAMAFILE = 1",
     )
     key = device.profile_key(**base)
     assert key == device.profile_key(**base) and len(key) == 24
@@ -184,6 +200,7 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
         gpu_offload=True,
         n_gpu_layers=10,
         llama_cpp_version="0.3.37",
+        llama_build="CPU : AVX512 = 1 | LLAMAFILE = 0",  # same version, rebuilt with other flags
     )
     keys = {device.profile_key(**{**base, name: value}) for name, value in changes.items()}
     assert key not in keys and len(keys) == len(changes)
@@ -207,6 +224,13 @@ def test_profile_path_follows_threads_files_and_offload(
     gpu_5 = device.profile_path(target, draft, n_threads=2, n_gpu_layers=5)
     assert len({path, gpu_all, gpu_5}) == 3
     monkeypatch.setattr(backend, "supports_gpu_offload", lambda: False)
+    # llama-cpp-python rebuilt with other flags at the same version: measured again.
+    built = backend.llama_build()
+    assert "CPU" in built  # what this build really reports
+    monkeypatch.setattr(backend, "llama_build", lambda: built + " | GGML_LLAMAFILE = 0")
+    assert device.profile_path(target, draft, n_threads=2) != path
+    monkeypatch.setattr(backend, "llama_build", lambda: built)
+    assert device.profile_path(target, draft, n_threads=2) == path
     _gguf(target, b"other weights")  # new content (and size): new sha256, new key
     assert device.profile_path(target, draft, n_threads=2) != path
 

@@ -49,7 +49,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     from .. import __version__
     from ..api import EdgeSpec, EngineConfig
-    from ..backend import llama_cpp_version
+    from ..backend import llama_build, llama_cpp_version
     from ..errors import InvalidRequestError
     from ..models import default_pair
     from .peers import PeerSetup, is_peer, make_peers
@@ -107,6 +107,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         "versions": {
             "edge_spec": __version__,
             "llama_cpp_python": llama_cpp_version(),
+            "llama_cpp_build": llama_build(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
