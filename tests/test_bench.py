@@ -117,6 +117,7 @@ def test_bench_command_writes_results(tmp_path) -> None:
     assert {r["strategy"] for r in record["runs"]} == strategies
     assert len(record["runs"]) == 12 * 5  # 12 quick prompts x (target + 3 strategies + 1 peer)
     assert record["versions"]["llama_cpp_python"] and record["peak_rss_bytes"] > 0
+    assert "CPU" in record["versions"]["llama_cpp_build"]
     summaries = {(s["category"], s["strategy"]): s for s in record["summaries"]}
     assert summaries[("code_editing", "target")]["speedup"] == pytest.approx(1.0)
     assert summaries[("all", "model-k2")]["acceptance_rate"] > 0
