@@ -412,9 +412,9 @@ def build_features(build: str) -> str:
     "CPU: SSE3 ..."; valued entries keep their value ("CUDA: ARCHS=890")."""
     words = []
     for item in build.split("|"):
-        backend, colon, item = item.rpartition(":")
+        section, colon, item = item.rpartition(":")  # "CPU : SSE3 = 1" opens the CPU section
         if colon:
-            words.append(backend.strip() + ":")
+            words.append(section.strip() + ":")
         name, _, value = (part.strip() for part in item.partition("="))
         if name and value not in ("0", ""):
             words.append(name if value == "1" else f"{name}={value}")
