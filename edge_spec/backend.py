@@ -85,8 +85,7 @@ def llama_build() -> str:
     features, e.g. "CPU : SSE3 = 1 | ... | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1". Two builds
     of one version with other flags (no AVX-512, tinyBLAS off, CUDA) decode at other speeds."""
     _ensure_backend()
-    info = llama_cpp.llama_print_system_info()
-    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info or "")
+    text = (llama_cpp.llama_print_system_info() or b"").decode("utf-8", "replace")
     return " ".join(text.split()).strip(" |")
 
 

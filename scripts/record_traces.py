@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edge_spec.backend import LlamaModel, llama_cpp_version  # noqa: E402
+from edge_spec.backend import LlamaModel, common_prefix, llama_cpp_version  # noqa: E402
 from edge_spec.drafts.ngram import lookup  # noqa: E402
 from edge_spec.models import default_pair, resolve  # noqa: E402
 from edge_spec.simulate import K_MAX, TRACE_SCHEMA  # noqa: E402
@@ -141,22 +141,12 @@ def record_prompt(
             logits = draft.decode([chain[-1][0]], [0])[0]
             draft_times.append(time.perf_counter() - t0)
             chain.append((int(np.argmax(logits)), top_prob(logits)))
-        agree = 0
-        while agree < want and chain[agree][0] == tokens[pos + agree]:
-            agree += 1
-        model_agree.append(agree)
+        model_agree.append(common_prefix([t for t, _ in chain[:want]], tokens[pos:]))
         model_conf.append([round(c, 4) for _, c in chain[:want]])
 
         candidate = lookup(context[:ctx_len], K_MAX, MAX_NGRAM, MIN_NGRAM)
         proposal = candidate.tokens
-        ng_agree_pos = 0
-        while (
-            ng_agree_pos < len(proposal)
-            and pos + ng_agree_pos < n
-            and proposal[ng_agree_pos] == tokens[pos + ng_agree_pos]
-        ):
-            ng_agree_pos += 1
-        ng_agree.append(ng_agree_pos)
+        ng_agree.append(common_prefix(proposal, tokens[pos:]))
         ng_len.append(len(proposal))
         ng_match.append(candidate.match_len)
         ng_occ.append(candidate.n_occurrences)

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge_spec.api import EdgeSpec, EngineConfig  # noqa: E402
+from edge_spec.backend import common_prefix  # noqa: E402
 from edge_spec.bench.prompts import load_prompts  # noqa: E402
 from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
 from edge_spec.policy import CostCurve, CostModelK, StepOutcome  # noqa: E402
@@ -41,9 +42,7 @@ def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16):
     while pos < len(truth):
         k_cap = min(k_max, len(truth) - pos - 1)
         candidate = draft.candidate(context, k_cap)
-        agree = 0
-        while agree < len(candidate.tokens) and candidate.tokens[agree] == truth[pos + agree]:
-            agree += 1
+        agree = common_prefix(candidate.tokens, truth[pos:])
         if clairvoyant:
             pays = agree and (agree + 1) / curve.t(agree + 1) > 1 / curve.t(1)
             k = agree if pays else 0
