@@ -30,6 +30,8 @@ DraftMode = Literal["auto", "model", "ngram", "none"]
 DRAFT_MODES: tuple[str, ...] = ("auto", "model", "ngram", "none")
 PolicyName = Literal["fixed", "heuristic", "cost"]
 POLICIES: tuple[str, ...] = ("fixed", "heuristic", "cost")
+DEFAULT_K = 4  # the fixed policy's draft length when none is given (the heuristic's start)
+DEFAULT_SESSION = "default"  # the session of API calls that name none
 FinishReason = Literal["stop", "eos", "length", "context"]
 
 
@@ -44,10 +46,11 @@ class EngineConfig:
     mem_budget_bytes: int | None = None  # RAM the pair may use; None: what is free now
     ngram_max: int = 3
     ngram_min: int = 1
-    # Earlier requests' prompts and outputs the n-gram source drafts from (0: this request only).
-    # Off by default: drafts decide which random numbers a sampled request draws, so with a
-    # session the same seed no longer gives the same text (the distribution is unchanged).
-    ngram_session_tokens: int = 0
+    # How many tokens of a session's earlier requests (prompts and outputs) the n-gram source
+    # drafts from (0: each request from itself only), and how many sessions are kept. Safe on
+    # by default: sampled tokens are keyed by (seed, position), so drafts never change the text.
+    ngram_session_tokens: int = 32768
+    max_sessions: int = 16
 
     def __post_init__(self) -> None:
         checks = [
@@ -61,6 +64,7 @@ class EngineConfig:
                 self.ngram_session_tokens >= 0,
                 f"ngram_session_tokens must be >= 0, got {self.ngram_session_tokens}",
             ),
+            (self.max_sessions >= 1, f"max_sessions must be >= 1, got {self.max_sessions}"),
             (
                 1 <= self.ngram_min <= self.ngram_max,
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}",
@@ -76,23 +80,32 @@ class GenerationConfig:
     """One request. `sampling.temperature == 0` is greedy (exact), > 0 rejection sampling."""
 
     max_tokens: int = 128
-    k: int = 4  # the fixed policy's draft length (the heuristic's starting point)
+    # A fixed draft length; giving it without a policy means the fixed policy. None: adaptive
+    # (the fixed and heuristic policies then start from DEFAULT_K).
+    k: int | None = None
     k_max: int = 16  # the adaptive policies' cap (the profile measures t(n) up to n = 16)
     draft_mode: DraftMode | None = None  # None: the EdgeSpec's default
-    policy: PolicyName | None = None  # None: "cost" for auto, "fixed" otherwise
+    # None: "fixed" when k is given, else "cost" -- in every draft mode, so that no mode a user
+    # can pick runs slower than the target alone.
+    policy: PolicyName | None = None
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Which conversation this request belongs to: the n-gram source drafts from that session's
+    # earlier requests too. The EdgeSpec's own session by default; None: this request alone
+    # (the server's default, so no client's text reaches another's drafts).
+    session: str | None = DEFAULT_SESSION
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 0:
             raise InvalidRequestError(f"max_tokens must be >= 0, got {self.max_tokens}")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
-            raise InvalidRequestError(f"k must be an integer >= 0, got {self.k!r}")
+        k = self.k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise InvalidRequestError(f"k must be an integer >= 0, got {k!r}")
         if isinstance(self.k_max, bool) or not isinstance(self.k_max, int) or self.k_max < 0:
             raise InvalidRequestError(f"k_max must be an integer >= 0, got {self.k_max!r}")
-        if max(self.k, self.k_max) > 64:
+        if max(self.k or 0, self.k_max) > 64:
             raise InvalidRequestError(f"k and k_max must be <= 64, got {self.k}, {self.k_max}")
         if self.policy is not None and self.policy not in POLICIES:
             raise InvalidRequestError(
@@ -106,6 +119,8 @@ class GenerationConfig:
             object.__setattr__(self, "stop", (self.stop,) if self.stop else ())
         if not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings")
+        if self.session is not None and not isinstance(self.session, str):
+            raise InvalidRequestError(f"session must be a string or None, got {self.session!r}")
 
     @classmethod
     def from_kwargs(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
@@ -124,6 +139,14 @@ class GenerationConfig:
             kwargs["stop"] = tuple(stop)
         return replace(base, sampling=sampling, **kwargs)
 
+    @property
+    def policy_name(self) -> PolicyName:
+        """The policy this request runs: the one asked for, else fixed when k is given, else
+        the cost model."""
+        if self.policy is not None:
+            return self.policy
+        return "fixed" if self.k is not None else "cost"
+
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -135,7 +158,7 @@ class GenerationResult:
     draft: str | None  # path of the draft GGUF, None when no model drafted
     draft_mode: DraftMode
     policy: str
-    k: int
+    k: int | None  # the fixed k asked for; None when the policy chose k per step
     stats: GenerationStats
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,7 +226,9 @@ class EdgeSpec:
         )
         self._sources: dict[str, DraftSource] = {
             "none": NoDraft(),
-            "ngram": NgramDraft(cfg.ngram_max, cfg.ngram_min, cfg.ngram_session_tokens),
+            "ngram": NgramDraft(
+                cfg.ngram_max, cfg.ngram_min, cfg.ngram_session_tokens, cfg.max_sessions
+            ),
         }
         self.draft: LlamaModel | None = None
         if self.draft_path is not None:
@@ -231,14 +256,18 @@ class EdgeSpec:
             self.draft.close()
         self.target.close()
 
-    def clear_session(self) -> None:
-        """Forget earlier requests' text (the n-gram source drafts from it); what the k policies
+    def clear_session(self, session: str | None = None) -> None:
+        """Forget one session's earlier requests (None: every session's); what the k policies
         learned stays. Benchmarks call this between runs so no run drafts from another's
         output of the same prompt."""
         with self._lock:
-            ngram = self._sources["ngram"]
-            assert isinstance(ngram, NgramDraft)
-            ngram.clear_session()
+            self._ngram.clear_session(session)
+
+    @property
+    def _ngram(self) -> NgramDraft:
+        ngram = self._sources["ngram"]
+        assert isinstance(ngram, NgramDraft)
+        return ngram
 
     def __enter__(self) -> EdgeSpec:
         return self
@@ -312,6 +341,7 @@ class EdgeSpec:
     ) -> Iterator[TextDelta]:
         with self._lock:
             sources, policy = self._plan_for(mode, cfg)  # may profile the device: not timed
+            self._ngram.select(cfg.session)
             t_start = time.perf_counter()
             stats = StatsCollector()
             text = TextAssembler(cfg.stop)
@@ -323,7 +353,7 @@ class EdgeSpec:
                 sources,
                 policy,
                 prompt_ids,
-                k_max=max(cfg.k, cfg.k_max),
+                k_max=max(cfg.k or 0, cfg.k_max),
                 max_tokens=cfg.max_tokens,
                 sampling=cfg.sampling,
             )
@@ -371,14 +401,12 @@ class EdgeSpec:
             "none": ("none",),
         }[mode]
         sources = {name: self._sources[name] for name in names if name in self._sources}
-        policy_name = cfg.policy or ("cost" if mode == "auto" else "fixed")
-        if mode == "none":
-            policy_name = "fixed"
+        policy_name = cfg.policy_name if mode != "none" else "fixed"
+        k = (DEFAULT_K if cfg.k is None else cfg.k) if mode != "none" else 0
         # Acceptance differs between greedy and sampled decoding: learn them apart.
-        key = (mode, policy_name, cfg.k, cfg.k_max, cfg.sampling.greedy)
+        key = (mode, policy_name, k, cfg.k_max, cfg.sampling.greedy)
         if key not in self._policies:
             costs = self.cost_curve() if policy_name == "cost" else None
-            k = cfg.k if mode != "none" else 0
             self._policies[key] = make_policy(policy_name, costs, k=k, k_max=max(k, cfg.k_max))
         return sources, self._policies[key]
 

@@ -188,6 +188,7 @@ class LlamaModel:
         # llama.cpp may pad the context up; the limit the caller asked for is the one we keep.
         self.n_ctx = min(n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
         self.tokens: list[int] = []
+        self.decode_s = 0.0  # seconds spent inside llama_decode, ever (the engine takes deltas)
         template = llama_cpp.llama_model_chat_template(model, None)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, desc, 256)
@@ -332,7 +333,9 @@ class LlamaModel:
             batch.seq_id[i][0] = 0
             batch.logits[i] = 1 if i in want else 0
         batch.n_tokens = n
+        t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, batch)
+        self.decode_s += time.perf_counter() - t0
         if rc != 0:
             # Leave the cache consistent with self.tokens before reporting.
             llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)

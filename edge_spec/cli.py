@@ -21,6 +21,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"edge-spec: error: {message}\n")
 
 
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """--policy, --k, --k-max: the same meaning in generate, chat and serve."""
+    parser.add_argument(
+        "--policy",
+        choices=("fixed", "heuristic", "cost"),
+        default=None,
+        help="how k is chosen per step (default: cost, in every draft mode; fixed when --k "
+        "is given)",
+    )
+    parser.add_argument(
+        "--k", type=int, default=None, help="a fixed draft length (implies --policy fixed)"
+    )
+    parser.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="edge-spec", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and debug")
@@ -42,14 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: per step the policy picks the model draft, n-gram lookup or none (default)",
     )
-    gen.add_argument(
-        "--policy",
-        choices=("fixed", "heuristic", "cost"),
-        default=None,
-        help="how k is chosen (default: cost for auto, fixed otherwise)",
-    )
-    gen.add_argument("--k", type=int, default=4, help="draft length for the fixed policy")
-    gen.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
+    add_policy_arguments(gen)
     gen.add_argument("--max-tokens", "-n", type=int, default=128)
     gen.add_argument("--temperature", "--temp", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)

@@ -18,8 +18,8 @@ from .backend import LlamaModel
 from .drafts import NO_DRAFT, Draft, DraftSource, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
 from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
-from .sampling import LazyProbs, SamplingParams, make_rng
-from .verify import Verdict, verify_greedy, verify_rejection
+from .sampling import LazyWeights, SampleKeys, SamplingParams
+from .verify import Verdict, verify_greedy, verify_keyed
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,9 @@ class Step:
     k_planned: int
     n_drafted: int
     n_accepted: int
-    draft_s: float
-    verify_s: float
+    draft_s: float  # planning and drafting
+    verify_s: float  # the target pass, verification, rollback and policy feedback
+    decode_s: float = 0.0  # of draft_s + verify_s, the time inside llama_decode (both models)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def run_steps(
         raise ContextOverflowError(
             f"prompt of {len(prompt)} tokens does not fit in the context of {target.n_ctx}"
         )
-    rng = make_rng(sampling.seed)
+    keys = SampleKeys(sampling.seed)  # draws keyed by (seed, position): drafts change nothing
     context = list(prompt)
     names = tuple(sources)
     ngram = sources.get("ngram")
@@ -82,18 +83,20 @@ def run_steps(
     policy.begin()
     yield Prefill(len(prompt), cached, time.perf_counter() - t0)
 
+    models = [target, *sources.values()]  # what spends time inside llama_decode
     n_out = 0
     while n_out < max_tokens and len(context) <= target.n_ctx:
         # The batch [last, d_1..d_k] lands at positions len-1 .. len-1+k, all < n_ctx.
         k_cap = min(k_max, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
         t0 = time.perf_counter()
+        decode0_s = sum(m.decode_s for m in models)
         candidate = ngram.candidate(context, k_cap) if isinstance(ngram, NgramDraft) else None
         plan = policy.plan(names, k_cap, candidate)
-        draft = _propose(plan, sources, candidate, context, sampling, rng, policy)
+        draft = _propose(plan, sources, candidate, context, sampling, keys, policy)
         t1 = time.perf_counter()
         batch = [context[-1], *draft.tokens]
         logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
-        verdict = _verify(draft, logits, sampling, rng)
+        verdict = _verify(draft, logits, sampling, keys, len(context))
         target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
         context.extend(verdict.tokens)
         n_out += len(verdict.tokens)
@@ -119,6 +122,7 @@ def run_steps(
             verdict.n_accepted,
             t1 - t0,
             t2 - t1,
+            sum(m.decode_s for m in models) - decode0_s,
         )
 
 
@@ -128,7 +132,7 @@ def _propose(
     candidate: NgramCandidate | None,
     context: list[int],
     sampling: SamplingParams,
-    rng: np.random.Generator,
+    keys: SampleKeys,
     policy: KPolicy,
 ) -> Draft:
     """The plan's draft: nothing, the n-gram candidate's head, or a model draft that the policy
@@ -137,13 +141,15 @@ def _propose(
         return NO_DRAFT
     if plan.source == "ngram" and candidate is not None:
         return Draft(candidate.tokens[: plan.k])
-    return sources[plan.source].propose(context, plan.k, sampling, rng, policy.keep_drafting)
+    return sources[plan.source].propose(context, plan.k, sampling, keys, policy.keep_drafting)
 
 
 def _verify(
-    draft: Draft, logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator
+    draft: Draft, logits: np.ndarray, sampling: SamplingParams, keys: SampleKeys, n_context: int
 ) -> Verdict:
+    """The target's own choice at each row -- argmax, or its keyed sample for that position --
+    with the draft kept while it agrees: the output never depends on what was drafted."""
     if sampling.greedy:
         return verify_greedy(draft.tokens, logits)
-    p_target = LazyProbs(logits, sampling)  # (k + 1, n_vocab), rows computed as reached
-    return verify_rejection(draft.tokens, draft.p_draft, p_target, rng)
+    target_weights = LazyWeights(logits, sampling)  # (k + 1, n_vocab), rows computed as reached
+    return verify_keyed(draft.tokens, target_weights, keys, n_context)

@@ -12,7 +12,10 @@ from .engine import Prefill, Step
 class GenerationStats:
     """tokens_per_s counts generated tokens over the decode time (total minus prefill);
     time_to_first_token_s includes the prefill. other_s is what is neither drafting, verifying
-    nor prefill: detokenizing, stop-string checks, bookkeeping."""
+    nor prefill: detokenizing, stop-string checks, bookkeeping. decode_s is the time inside
+    llama_decode after the prefill (target and draft model); overhead_s is everything else
+    after the prefill -- lookups, planning, sampling, verification, text -- the orchestration
+    the runtime adds to the models' own work."""
 
     n_prompt_tokens: int
     n_cached_tokens: int
@@ -27,6 +30,8 @@ class GenerationStats:
     accepted_per_position: tuple[int, ...]  # how often draft position i was accepted
     acceptance_per_position: tuple[float, ...]  # their ratio
     steps_by_source: dict[str, int]  # which source drafted each step ("none": a plain step)
+    drafted_by_source: dict[str, int]  # draft tokens proposed, per source
+    accepted_by_source: dict[str, int]  # draft tokens accepted, per source
     k_chosen: tuple[int, ...]  # histogram: how many steps the policy planned k = 0, 1, 2, ...
     tokens_per_s: float
     time_to_first_token_s: float
@@ -35,12 +40,26 @@ class GenerationStats:
     verify_s: float
     other_s: float
     total_s: float
+    decode_s: float = 0.0
+    overhead_s: float = 0.0
+
+    @property
+    def overhead_per_step_s(self) -> float:
+        return self.overhead_s / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Orchestration overhead over the wall time after the prefill."""
+        decode_wall_s = self.total_s - self.prefill_s
+        return self.overhead_s / decode_wall_s if decode_wall_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         for key, value in out.items():
             if isinstance(value, tuple):
                 out[key] = list(value)
+        out["overhead_per_step_s"] = self.overhead_per_step_s
+        out["overhead_fraction"] = self.overhead_fraction
         return out
 
 
@@ -59,6 +78,9 @@ class StatsCollector:
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.steps_by_source: dict[str, int] = {}
+        self.drafted_by_source: dict[str, int] = {}
+        self.accepted_by_source: dict[str, int] = {}
+        self.decode_s = 0.0
         self.k_chosen: list[int] = []
 
     def prefill(self, event: Prefill) -> None:
@@ -71,7 +93,14 @@ class StatsCollector:
         self.n_steps += 1
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
-        self.steps_by_source[event.source] = self.steps_by_source.get(event.source, 0) + 1
+        self.decode_s += event.decode_s
+        source = event.source
+        self.steps_by_source[source] = self.steps_by_source.get(source, 0) + 1
+        if event.n_drafted:
+            self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + event.n_drafted
+            self.accepted_by_source[source] = (
+                self.accepted_by_source.get(source, 0) + event.n_accepted
+            )
         self.k_chosen += [0] * max(event.k_planned + 1 - len(self.k_chosen), 0)
         self.k_chosen[event.k_planned] += 1
         grow = max(event.n_drafted - len(self.drafted), 0)
@@ -102,6 +131,8 @@ class StatsCollector:
                 a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)
             ),
             steps_by_source=dict(self.steps_by_source),
+            drafted_by_source=dict(self.drafted_by_source),
+            accepted_by_source=dict(self.accepted_by_source),
             k_chosen=tuple(self.k_chosen),
             tokens_per_s=n_generated / decode_s,
             time_to_first_token_s=self._first_token_s or total_s,
@@ -110,4 +141,6 @@ class StatsCollector:
             verify_s=self.verify_s,
             other_s=max(total_s - self.prefill_s - self.draft_s - self.verify_s, 0.0),
             total_s=total_s,
+            decode_s=self.decode_s,
+            overhead_s=max(total_s - self.prefill_s - self.decode_s, 0.0),
         )

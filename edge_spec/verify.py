@@ -1,6 +1,12 @@
 """Verifiers: given k draft tokens and the target's k + 1 rows, decide which tokens are kept.
 
-Both verifiers return 1..k+1 tokens: the accepted draft prefix plus exactly one token chosen by
+The engine uses the two matching verifiers, greedy (T = 0) and keyed (T > 0): the target's
+token at each row is its own choice -- its argmax, or its draw with the request's keys for that
+position (sampling.SampleKeys) -- and draft tokens are kept while they equal it. Output then
+depends on the target's rows and the seed alone, never on what was drafted. Rejection sampling
+stays as the reference that keyed acceptance is measured against (scripts/measure_keyed.py).
+
+Every verifier returns 1..k+1 tokens: the accepted draft prefix plus exactly one token chosen by
 the target (the correction at the first rejection, or the bonus after all k drafts). Row i of the
 target's array is the target's distribution for the token at draft position i; row k is the bonus.
 Pure numpy: no model code here, and no Python loop over the vocabulary.
@@ -8,14 +14,14 @@ Pure numpy: no model code here, and no Python loop over the vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from edge_spec.sampling import LazyProbs, argmax, sample
+from edge_spec.sampling import LazyProbs, LazyWeights, SampleKeys, argmax, sample
 
-__all__ = ["Verdict", "verify_greedy", "verify_rejection"]
+__all__ = ["Verdict", "verify_greedy", "verify_keyed", "verify_rejection"]
 
 # A residual whose mass is below this is rounding noise (p_draft == p_target up to float error).
 # Reaching it needs a rejection, whose probability is that same mass, so falling back to p_target
@@ -41,11 +47,41 @@ def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Ver
     Raises: ValueError on a shape mismatch or an out-of-range token.
     """
     tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
+    return _match(tokens, lambda i: argmax(target_logits[i]))
+
+
+def verify_keyed(
+    draft_tokens: Sequence[int],
+    target_weights: np.ndarray | LazyWeights,
+    keys: SampleKeys,
+    first_position: int,
+) -> Verdict:
+    """Sampled (temperature > 0) verification that does not depend on the draft.
+
+    The target's token at row i is keys.sample(target_weights[i], first_position + i): its own
+    keyed draw for that position of the context. Draft tokens are kept while they equal it.
+    Every token produced is the target's own draw with keys of its own, so the output is
+    distributed exactly as sampling from the target, and it is the same whatever was drafted.
+    A deterministic draft token x is accepted with probability p_target(x), as rejection
+    sampling would accept it; a sampling draft that draws with the same keys is accepted
+    where the two distributions agree (Gumbel coupling).
+
+    Requires: target_weights of shape (k + 1, n_vocab), non-negative rows of any scale (an
+    array, or LazyWeights so rows after the first mismatch are never computed).
+    Raises: ValueError on a shape mismatch or an out-of-range token.
+    """
+    tokens = _checked_tokens(draft_tokens, target_weights, "target_weights")
+    return _match(tokens, lambda i: keys.sample(target_weights[i], first_position + i))
+
+
+def _match(tokens: tuple[int, ...], target_token: Callable[[int], int]) -> Verdict:
+    """Keep draft tokens while they equal the target's token of their row (computed row by row:
+    an early mismatch skips the later rows), then add the target's token of the next row."""
     for i, token in enumerate(tokens):
-        best = argmax(target_logits[i])  # row by row: an early mismatch skips the later rows
-        if best != token:
-            return Verdict(tokens[:i] + (best,), i)
-    return Verdict(tokens + (argmax(target_logits[len(tokens)]),), len(tokens))
+        chosen = target_token(i)
+        if chosen != token:
+            return Verdict(tokens[:i] + (chosen,), i)
+    return Verdict(tokens + (target_token(len(tokens)),), len(tokens))
 
 
 def verify_rejection(
@@ -88,17 +124,17 @@ def verify_rejection(
             np.maximum(residual, 0.0, out=residual)
         if residual.sum() <= _RESIDUAL_EPS:
             residual = p_target_row
-        return Verdict(tokens[:i] + (sample(residual, rng),), i)
-    return Verdict(tokens + (sample(p_target[k], rng),), k)
+        return Verdict(tokens[:i] + (sample(residual, rng.random()),), i)
+    return Verdict(tokens + (sample(p_target[k], rng.random()),), k)
 
 
 def _checked_tokens(
-    draft_tokens: Sequence[int], rows: np.ndarray | LazyProbs, name: str
+    draft_tokens: Sequence[int], rows: np.ndarray | LazyProbs | LazyWeights, name: str
 ) -> tuple[int, ...]:
     """Return draft_tokens as a tuple of ints after checking rows is (k + 1, n_vocab)."""
     tokens = tuple(int(token) for token in draft_tokens)
     k = len(tokens)
-    if rows.ndim != 2 or rows.shape[0] != k + 1:
+    if len(rows.shape) != 2 or rows.shape[0] != k + 1:
         raise ValueError(f"{name} must have shape ({k + 1}, n_vocab) for k={k}, got {rows.shape}")
     n_vocab = rows.shape[1]
     for token in tokens:

@@ -120,6 +120,7 @@ class FakeLlama:
         self.n_vocab = model.n_vocab
         self.tokens: list[int] = []
         self.n_decoded = 0  # tokens ever decoded: shows the KV cache is reused, not recomputed
+        self.decode_s = 0.0  # the engine reads it as LlamaModel's time inside llama_decode
 
     @property
     def n_past(self) -> int:

@@ -211,3 +211,40 @@ def test_ngram_proposal_goes_around_a_loop_that_reaches_the_end_of_the_context()
     session.candidate([7, 8, 9, 4], 1)
     session.begin([])
     assert session.candidate([0, 7, 8], 5).tokens == (9,)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_same_seed_same_text_whatever_was_drafted(temperature: float) -> None:
+    """Sampled tokens are keyed by (seed, position): the target alone, the n-gram source with
+    and without a session (and after unrelated earlier requests), and the model draft at any k
+    all produce the same text for one seed. A fake has no batching noise, so exactly."""
+    target_model = make_target()
+    prompt = [1, 2, 1, 2, 1, 3]
+    sampling = SamplingParams(temperature=temperature, top_p=0.95, seed=2024)
+
+    def run(source, k: int, *, warm_up: tuple[list[int], ...] = ()) -> list[int]:
+        target = FakeLlama(target_model)
+        for earlier in warm_up:  # unrelated requests first, through the same source
+            generate(source, target, earlier, k, 20, SamplingParams(temperature=1.0))
+        return generate(source, target, prompt, k, 40, sampling)
+
+    reference = run(NoDraft(), 0)
+    session = NgramDraft(max_ngram=2, session_tokens=1000)
+    got = {
+        "ngram": run(NgramDraft(max_ngram=2), 3),
+        "ngram-session": run(session, 3, warm_up=([4, 0, 4, 0, 2], [3, 3, 1, 0])),
+        "ngram-session-again": run(session, 5, warm_up=(prompt,)),
+    }
+    for k in (1, 2, 5):
+        got[f"model-k{k}"] = run(ModelDraft(FakeLlama(make_draft(target_model))), k)
+    for name, tokens in got.items():
+        assert tokens == reference, name
+    other = generate(
+        NoDraft(),
+        FakeLlama(target_model),
+        prompt,
+        0,
+        40,
+        SamplingParams(temperature=temperature, top_p=0.95, seed=2025),
+    )
+    assert temperature == 0.0 or other != reference  # the seed does matter

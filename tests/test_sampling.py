@@ -10,6 +10,7 @@ import pytest
 from edge_spec.errors import InvalidRequestError
 from edge_spec.sampling import (
     LazyProbs,
+    SampleKeys,
     SamplingParams,
     argmax,
     make_rng,
@@ -254,50 +255,97 @@ def test_lazy_probs_equal_the_eager_rows_and_compute_only_what_is_read() -> None
 def test_same_seed_same_samples() -> None:
     probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0))
     rng_a, rng_b = make_rng(42), make_rng(42)
-    first = [sample(probs, rng_a) for _ in range(200)]
-    second = [sample(probs, rng_b) for _ in range(200)]
+    first = [sample(probs, rng_a.random()) for _ in range(200)]
+    second = [sample(probs, rng_b.random()) for _ in range(200)]
     assert first == second
     rng = make_rng(43)
-    assert [sample(probs, rng) for _ in range(200)] != first
+    assert [sample(probs, rng.random()) for _ in range(200)] != first
 
 
 def test_sample_frequencies_follow_probs() -> None:
     probs = np.array([0.1, 0.0, 0.6, 0.3])
     rng = make_rng(0)
     n = 20_000
-    counts = np.bincount([sample(probs, rng) for _ in range(n)], minlength=4)
+    counts = np.bincount([sample(probs, rng.random()) for _ in range(n)], minlength=4)
     assert counts[1] == 0
     # 5 standard deviations of a binomial proportion with p <= 0.6.
     np.testing.assert_allclose(counts / n, probs, atol=5 * math.sqrt(0.25 / n))
 
 
-class _FixedDraw:
-    """A stand-in Generator whose random() returns a chosen value."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
-
-
 def test_sample_never_returns_zero_weight_token_under_rounding() -> None:
     probs = np.array([0.3, 0.7, 0.0, 0.0])
-    last = np.nextafter(1.0, 0.0)  # the largest value rng.random() can return
-    assert sample(probs, _FixedDraw(last)) == 1  # type: ignore[arg-type]
-    assert sample(probs, _FixedDraw(0.0)) == 0  # type: ignore[arg-type]
-    assert sample(np.array([0.0, 0.0, 2.0]), _FixedDraw(0.0)) == 2  # type: ignore[arg-type]
+    last = float(np.nextafter(1.0, 0.0))  # the largest value rng.random() can return
+    assert sample(probs, last) == 1
+    assert sample(probs, 0.0) == 0
+    assert sample(np.array([0.0, 0.0, 2.0]), 0.0) == 2
     # Unnormalized rows (residuals) are scaled by their sum.
-    assert sample(np.array([1.0, 3.0]), _FixedDraw(0.5)) == 1  # type: ignore[arg-type]
+    assert sample(np.array([1.0, 3.0]), 0.5) == 1
 
 
 def test_sample_rejects_bad_rows() -> None:
     rng = make_rng(0)
     for bad in (np.zeros(3), np.array([np.nan, 1.0]), np.ones((2, 2))):
         with pytest.raises(ValueError):
-            sample(bad, rng)
+            sample(bad, rng.random())
 
 
 def test_argmax_ties_take_lowest_id() -> None:
     assert argmax(np.array([0.0, 2.0, 2.0, 1.0], dtype=np.float32)) == 1
     assert argmax(LOGITS) == 3
+
+
+# ---------------------------------------------------------------- keyed draws (SampleKeys)
+
+
+def test_blocked_inverse_cdf_follows_long_rows() -> None:
+    # Rows longer than 4 blocks are searched block by block; weight spread over several blocks,
+    # zero blocks in between, and a last token with weight at the very end.
+    n_vocab = 10_000
+    row = np.zeros(n_vocab)
+    row[[3, 1500, 1501, 7000, 9999]] = [0.2, 0.1, 0.3, 0.25, 0.15]
+    rng = make_rng(4)
+    n = 40_000
+    counts = np.bincount([sample(row, rng.random()) for _ in range(n)], minlength=n_vocab)
+    assert counts.sum() == counts[[3, 1500, 1501, 7000, 9999]].sum()
+    np.testing.assert_allclose(counts / n, row, atol=5 * math.sqrt(0.25 / n))
+    assert sample(row, 1.0) == 9999 and sample(row, 0.0) == 3
+
+
+def test_keyed_draws_follow_the_weights_tail_included() -> None:
+    # Tokens far below the top (the tail) race as one competitor and are picked by inverse
+    # CDF; frequencies over many positions match the normalized weights, tail included.
+    weights = np.array([1.0, 0.5, 0.25, 3e-3, 0.0, 2e-3] + [1e-5] * 200, dtype=np.float32)
+    p = weights.astype(np.float64) / weights.sum(dtype=np.float64)
+    keys = SampleKeys(5)
+    n = 100_000
+    counts = np.bincount([keys.sample(weights, j) for j in range(n)], minlength=weights.size)
+    assert counts[4] == 0
+    np.testing.assert_allclose(counts[:6] / n, p[:6], atol=5 * math.sqrt(0.25 / n))
+    tail = counts[6:].sum() / n  # the 200 tokens below SampleKeys.HEAD of the top
+    assert abs(tail - p[6:].sum()) <= 5 * math.sqrt(p[6:].sum() / n)
+
+
+def test_keyed_draws_depend_on_seed_and_position_only() -> None:
+    weights = np.exp(np.random.default_rng(0).normal(0, 2, 500))
+    first = [SampleKeys(42).sample(weights, j) for j in range(300)]
+    assert first == [SampleKeys(42).sample(weights, j) for j in range(300)]
+    keys = SampleKeys(42)
+    assert [keys.sample(weights, j) for j in reversed(range(300))] == first[::-1]
+    assert first != [SampleKeys(43).sample(weights, j) for j in range(300)]
+    assert SampleKeys(None).seed != SampleKeys(None).seed
+
+
+def test_keyed_draws_of_similar_rows_agree_like_a_coupling() -> None:
+    # A draft racing with the target's keys picks the same token at least as often as the
+    # Gumbel-coupling bound (1 - TV) / (1 + TV), and at most 1 - TV (a maximal coupling).
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 2, 2000)
+    p_target = np.exp(logits) / np.exp(logits).sum()
+    p_draft = np.exp(logits + rng.normal(0, 0.3, 2000))
+    p_draft /= p_draft.sum()
+    tv = 0.5 * np.abs(p_target - p_draft).sum()
+    keys = SampleKeys(9)
+    n = 20_000
+    same = np.mean([keys.sample(p_target, j) == keys.sample(p_draft, j) for j in range(n)])
+    slack = 5 * math.sqrt(0.25 / n)
+    assert (1 - tv) / (1 + tv) - slack <= same <= 1 - tv + slack, (same, tv)

@@ -7,6 +7,7 @@ wrong verifiers must fail the same check.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -15,13 +16,15 @@ from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
 
 from edge_spec.sampling import (
     LazyProbs,
+    LazyWeights,
+    SampleKeys,
     SamplingParams,
     argmax,
     make_rng,
     probs_from_logits,
     sample,
 )
-from edge_spec.verify import Verdict, verify_greedy, verify_rejection
+from edge_spec.verify import Verdict, verify_greedy, verify_keyed, verify_rejection
 
 Verifier = Callable[[Sequence[int], np.ndarray | None, np.ndarray, np.random.Generator], Verdict]
 
@@ -197,7 +200,7 @@ def _speculative_step(
         if greedy_draft:  # deterministic draft: its argmax, passed to the verifier as None
             drafted += (argmax(draft.logits(context + drafted)),)
         else:
-            drafted += (sample(draft.probs(context + drafted, params), rng),)
+            drafted += (sample(draft.probs(context + drafted, params), rng.random()),)
     p_draft = None if greedy_draft else draft.probs_rows(context, drafted[:-1], params)
     p_target = target.probs_rows(context, drafted, params)  # (k + 1, n_vocab)
     return verifier(drafted, p_draft, p_target, rng)
@@ -276,8 +279,8 @@ def _verify_resample_target(
     k = len(draft_tokens)
     for i, token in enumerate(draft_tokens):
         if rng.random() * p_draft[i, token] >= p_target[i, token]:
-            return Verdict(tuple(draft_tokens[:i]) + (sample(p_target[i], rng),), i)
-    return Verdict(tuple(draft_tokens) + (sample(p_target[k], rng),), k)
+            return Verdict(tuple(draft_tokens[:i]) + (sample(p_target[i], rng.random()),), i)
+    return Verdict(tuple(draft_tokens) + (sample(p_target[k], rng.random()),), k)
 
 
 def _verify_always_accept(
@@ -288,10 +291,72 @@ def _verify_always_accept(
 ) -> Verdict:
     """WRONG: keeps every draft token, so the output follows the draft's distribution."""
     k = len(draft_tokens)
-    return Verdict(tuple(draft_tokens) + (sample(p_target[k], rng),), k)
+    return Verdict(tuple(draft_tokens) + (sample(p_target[k], rng.random()),), k)
 
 
 @pytest.mark.parametrize("verifier", [_verify_resample_target, _verify_always_accept])
 def test_wrong_verifiers_fail_the_bound(verifier: Verifier) -> None:
     bound = tv_bound(N_RUNS, N_VOCAB * N_VOCAB)
     assert _tv(WRONG_CASE_PARAMS, verifier, 2) > bound
+
+
+# ---------------------------------------------------------------- keyed (T > 0, draft-free output)
+
+
+def test_keyed_verdict_is_the_targets_own_draw_whatever_was_drafted() -> None:
+    # Whatever the draft, the tokens produced are the target's keyed draws for their positions:
+    # a right draft only lets more of them come out of one pass.
+    target = make_target()
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    rng = make_rng(3)
+    for trial in range(300):
+        keys = SampleKeys(trial)
+        k = int(rng.integers(0, 5))
+        drafted = tuple(int(t) for t in rng.integers(0, N_VOCAB, size=k))
+        p_target = target.probs_rows(PREFIX, drafted, params)  # (k + 1, n_vocab)
+        verdict = verify_keyed(drafted, p_target, keys, 17)
+        own = [keys.sample(p_target[i], 17 + i) for i in range(verdict.n_accepted + 1)]
+        assert list(verdict.tokens) == own
+        assert verdict.tokens[: verdict.n_accepted] == drafted[: verdict.n_accepted]
+        if verdict.n_accepted < k:
+            assert own[-1] != drafted[verdict.n_accepted]
+
+
+def test_keyed_accepts_a_point_mass_draft_with_the_targets_probability() -> None:
+    # Over many positions (fresh keys each), x is kept at rate p_target(x): the acceptance
+    # rejection sampling gives a deterministic draft. 5 binomial standard deviations.
+    p_target = _read_only(np.array([[0.1, 0.0, 0.6, 0.3, 2e-5], [0.2] * 5]))
+    keys = SampleKeys(11)
+    n = 20_000
+    for x in range(N_VOCAB):
+        kept = np.mean([verify_keyed([x], p_target, keys, j).n_accepted for j in range(n)])
+        assert abs(kept - p_target[0, x]) <= 5 * math.sqrt(0.25 / n) + 1e-12
+
+
+def test_keyed_with_lazy_rows_stops_computing_at_the_first_mismatch() -> None:
+    logits = np.zeros((4, N_VOCAB), dtype=np.float32)
+    logits[0, 0] = -np.inf  # token 0 cannot come out of row 0
+    lazy = LazyWeights(logits, SamplingParams(temperature=0.8))
+    verdict = verify_keyed([0, 1, 2], lazy, SampleKeys(1), 0)
+    assert verdict.n_accepted == 0 and lazy.n_computed == 1
+    with pytest.raises(ValueError, match="shape"):
+        verify_keyed([0, 1], lazy, SampleKeys(1), 0)
+
+
+def _keyed_verifier(
+    draft_tokens: Sequence[int],
+    p_draft: np.ndarray | None,
+    p_target: np.ndarray,
+    rng: np.random.Generator,
+) -> Verdict:
+    """verify_keyed with fresh keys per step (the draft drew its tokens from rng, not coupled
+    with the keys: the output must follow p_target all the same)."""
+    return verify_keyed(draft_tokens, p_target, SampleKeys(int(rng.integers(2**62))), 0)
+
+
+@pytest.mark.parametrize(("k", "params", "greedy_draft"), CASES)
+def test_keyed_output_follows_target_distribution(
+    k: int, params: SamplingParams, greedy_draft: bool
+) -> None:
+    bound = tv_bound(N_RUNS, N_VOCAB * N_VOCAB)
+    assert _tv(params, _keyed_verifier, k, greedy_draft) < bound

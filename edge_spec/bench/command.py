@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_STRATEGIES = ("auto", "model-k1", "model-k2", "model-k4", "ngram-k4", "model-heuristic")
+DEFAULT_STRATEGIES = ("auto", "ngram", "model", "model-k2", "ngram-k4", "model-heuristic")
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -22,7 +22,8 @@ def add_bench_parser(sub: Any) -> None:
         "--strategies",
         nargs="+",
         default=list(DEFAULT_STRATEGIES),
-        help="target, auto, model-kN, ngram-kN, model-heuristic, ngram-cost, model-cost, ...; "
+        help="target, auto, ngram, model (the cost policy), model-kN, ngram-kN (fixed k), "
+        "model-heuristic, ...; "
         "peers: lcpp-lookup[-nNgG] (llama-cpp-python's prompt lookup), cpp-lookup[-kK], "
         "cpp-speculative[-kK] (llama.cpp's C++ examples, see scripts/build_llama_examples.py)",
     )

@@ -34,6 +34,9 @@ class Summary:
     k_chosen: tuple[int, ...]
     steps_by_source: dict[str, int]
     time_split_s: dict[str, float]
+    # Orchestration: the wall time after the prefill that is not inside llama_decode.
+    overhead_per_step_ms: float = 0.0
+    overhead_fraction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,7 +109,11 @@ def _summary(
             "draft": sum(r.draft_s for r in group),
             "verify": sum(r.verify_s for r in group),
             "other": sum(r.other_s for r in group),
+            "llama_decode": sum(r.llama_decode_s for r in group),
+            "overhead": sum(r.overhead_s for r in group),
         },
+        overhead_per_step_ms=1e3 * sum(r.overhead_s for r in group) / steps if steps else 0.0,
+        overhead_fraction=sum(r.overhead_s for r in group) / decode_s if decode_s else 0.0,
     )
 
 
@@ -152,8 +159,8 @@ def markdown_table(summaries: Sequence[Summary], temperature: float | None = Non
     accepted per step, and the most chosen k."""
     lines = [
         "| category | T | strategy | tokens/s | speedup (95% CI) | acceptance | "
-        "accepted/step | k chosen (0,1,2,..) |",
-        "|---|---|---|---|---|---|---|---|",
+        "accepted/step | overhead/step | k chosen (0,1,2,..) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         if temperature is not None and s.temperature != temperature:
@@ -162,6 +169,13 @@ def markdown_table(summaries: Sequence[Summary], temperature: float | None = Non
             f"| {s.category} | {s.temperature:g} | {s.strategy} | {s.tokens_per_s:.1f} | "
             f"{s.speedup:.2f}× ({s.speedup_ci95[0]:.2f}–{s.speedup_ci95[1]:.2f}) | "
             f"{s.acceptance_rate:.2f} | {s.mean_accepted_per_step:.2f} | "
-            f"{' '.join(map(str, s.k_chosen)) or '-'} |"
+            f"{_overhead(s)} | {' '.join(map(str, s.k_chosen)) or '-'} |"
         )
     return "\n".join(lines)
+
+
+def _overhead(s: Summary) -> str:
+    """Orchestration per step and its share of the wall time ("-" where not measured)."""
+    if s.overhead_fraction <= 0:
+        return "-"
+    return f"{s.overhead_per_step_ms:.2f} ms ({100 * s.overhead_fraction:.1f} %)"

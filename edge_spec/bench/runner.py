@@ -27,7 +27,7 @@ class Strategy:
     name: str
     draft_mode: str
     policy: str
-    k: int = 4
+    k: int | None = None  # the fixed policy's k
     k_max: int = 16
 
     def config(
@@ -52,14 +52,16 @@ COMPLETION_STOPS = ("\nQuestion:", "\n\nProblem:", "\nUser:", "\n```\n", "\n\nTe
 
 
 def parse_strategy(spec: str) -> Strategy:
-    """'target', 'auto', 'model-k3', 'ngram-k4', 'model-heuristic', 'ngram-cost', 'model-cost'."""
+    """'target'; a draft mode alone ('auto', 'model', 'ngram': the cost policy, as the API and
+    the CLI run them by default); or a mode with a policy: 'model-k3', 'ngram-k4' (fixed k),
+    'model-heuristic', 'ngram-cost' (the same as 'ngram')."""
     if spec == "target":
         return TARGET
-    if spec == "auto":
-        return Strategy("auto", "auto", "cost")
     mode, _, how = spec.partition("-")
-    if mode not in ("model", "ngram", "auto") or not how:
+    if mode not in ("model", "ngram", "auto"):
         raise ValueError(f"unknown strategy {spec!r}")
+    if not how:
+        return Strategy(spec, mode, "cost")
     if how.startswith("k") and how[1:].isdigit():
         return Strategy(spec, mode, "fixed", k=int(how[1:]))
     if how in ("heuristic", "cost"):
@@ -94,6 +96,10 @@ class Run:
     other_s: float
     finish_reason: str
     token_ids: tuple[int, ...] = field(repr=False)
+    # Of decode_s, the time inside llama_decode (both models), and the rest: the runtime's own
+    # per-step work. 0 for peers and for results recorded before they were measured.
+    llama_decode_s: float = 0.0
+    overhead_s: float = 0.0
 
     @classmethod
     def of(
@@ -130,6 +136,8 @@ class Run:
             s.other_s,
             result.finish_reason,
             result.token_ids,
+            s.decode_s,
+            s.overhead_s,
         )
 
     @classmethod

@@ -12,19 +12,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
-from ..sampling import SamplingParams
+from ..sampling import SampleKeys, SamplingParams
 
 
 @dataclass(frozen=True)
 class Draft:
-    """Up to k proposed tokens. p_draft (len(tokens), n_vocab) holds the distributions the
-    tokens were sampled from, after the request's sampling transform; None means the source is
-    deterministic (a point mass on each token) or the request is greedy."""
+    """Up to k proposed tokens. Verification compares them with the target's own choices (its
+    argmax, or its keyed sample), so no draft distribution travels with them; a sampling source
+    draws token i with the request's keyed uniform of that position to agree with the target
+    as often as their distributions allow."""
 
     tokens: tuple[int, ...]
-    p_draft: np.ndarray | None = None
     confidences: tuple[float, ...] = ()  # the draft's probability of each token, when known
 
 
@@ -36,6 +34,9 @@ KeepDrafting = Callable[[int, float], bool]
 
 class DraftSource(Protocol):
     name: str
+    # Seconds this source has spent in llama_decode, ever (0 for draft-free sources): the
+    # engine tells model time from its own orchestration overhead with it.
+    decode_s: float
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A new request starts with this prompt (prefill caches here, not in propose)."""
@@ -45,17 +46,19 @@ class DraftSource(Protocol):
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        rng: np.random.Generator,
+        keys: SampleKeys,
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         """Requires k >= 0; returns at most k tokens continuing `context` (prompt + output),
-        stopping early when keep_drafting answers False."""
+        stopping early when keep_drafting answers False. A source that samples draws the token
+        for context position j with keys.u(j)."""
 
 
 class NoDraft:
     """The target alone: the baseline every speedup is measured against."""
 
     name = "none"
+    decode_s = 0.0
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass
@@ -65,7 +68,7 @@ class NoDraft:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        rng: np.random.Generator,
+        keys: SampleKeys,
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         return NO_DRAFT

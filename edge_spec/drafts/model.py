@@ -1,5 +1,7 @@
 """A smaller GGUF model drafting for the target.
 
+At temperature > 0 it draws each token with the request's keys for that position, the ones
+the target's own draw will use, so the two agree wherever their distributions do.
 Its KV cache stays in sync with the accepted text and is reused across steps: each proposal
 re-decodes only the tokens after the longest prefix the cache already holds (the newly
 accepted tokens and the target's own token), then extends greedily or by sampling.
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import LlamaModel, common_prefix
-from ..sampling import SamplingParams, argmax, probs_from_logits, sample
+from ..sampling import SampleKeys, SamplingParams, argmax, weights_from_logits
 from .base import NO_DRAFT, Draft, KeepDrafting
 
 
@@ -21,6 +23,10 @@ class ModelDraft:
 
     def __init__(self, draft_model: LlamaModel) -> None:
         self.draft_model = draft_model
+
+    @property
+    def decode_s(self) -> float:
+        return self.draft_model.decode_s
 
     def begin(self, prompt: Sequence[int]) -> None:
         # The target decodes prompt[:-1] in prefill; the draft does the same so that the first
@@ -32,7 +38,7 @@ class ModelDraft:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        rng: np.random.Generator,
+        keys: SampleKeys,
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         model = self.draft_model
@@ -45,7 +51,6 @@ class ModelDraft:
         fresh = context[n_reused:]
         logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
         tokens: list[int] = []
-        rows: list[np.ndarray] = []
         confidences: list[float] = []
         for i in range(k):
             if params.greedy:
@@ -53,17 +58,17 @@ class ModelDraft:
                 # Only an adaptive policy reads confidences: skip the softmax otherwise.
                 confidence = _top_prob(logits) if keep_drafting else 1.0
             else:
-                p_draft = probs_from_logits(logits, params)  # (n_vocab,)
-                token = sample(p_draft, rng)
-                rows.append(p_draft)
-                confidence = float(p_draft[token])
+                # The same keys the target's own draw for this position will use: where the two
+                # distributions agree, so do the two tokens.
+                weights = weights_from_logits(logits, params)  # (n_vocab,), unnormalized
+                token = keys.sample(weights, len(context) + i)
+                confidence = float(weights[token]) / float(weights.sum(dtype=np.float64))
             tokens.append(token)
             confidences.append(confidence)
             if i + 1 == k or (keep_drafting is not None and not keep_drafting(i, confidence)):
                 break
             logits = model.decode([token], [0])[0]
-        p_draft_rows = np.stack(rows) if rows else None  # (len(tokens), n_vocab)
-        return Draft(tuple(tokens), p_draft_rows, tuple(confidences))
+        return Draft(tuple(tokens), tuple(confidences))
 
 
 def _top_prob(logits: np.ndarray) -> float:

@@ -18,12 +18,13 @@ tested against.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
 from ..policy import NO_MATCH, NgramCandidate
-from ..sampling import SamplingParams
+from ..sampling import SampleKeys, SamplingParams
 from .base import Draft, KeepDrafting
 
 MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
@@ -31,24 +32,59 @@ N_RECENT = 16  # occurrences kept per n-gram
 
 
 class NgramDraft:
-    name = "ngram"
+    """The lookup over the live request and, when one is selected, a session: the earlier
+    requests of one conversation. Sessions are kept by name, the least recently used dropped
+    beyond max_sessions; no session (None) drafts from the live request alone."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, session_tokens: int = 0) -> None:
-        """session_tokens: how many tokens of earlier requests (prompts and outputs) to keep
-        drafting from; 0 drafts from the current request only."""
+    name = "ngram"
+    decode_s = 0.0
+
+    def __init__(
+        self,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        session_tokens: int = 0,
+        max_sessions: int = 16,
+    ) -> None:
+        """session_tokens: how many tokens of a session's earlier requests (prompts and
+        outputs) to keep drafting from; 0 drafts from the current request only."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if session_tokens < 0:
-            raise ValueError(f"session_tokens must be >= 0, got {session_tokens}")
+        if session_tokens < 0 or max_sessions < 1:
+            raise ValueError(
+                f"need session_tokens >= 0 and max_sessions >= 1, got "
+                f"{session_tokens}, {max_sessions}"
+            )
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self._index = NgramIndex(max_ngram, session_tokens)
+        self.session_tokens = session_tokens
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, NgramIndex] = OrderedDict()
+        self._index = NgramIndex(max_ngram, session_tokens)  # until select() says otherwise
+
+    def select(self, session: str | None) -> None:
+        """Draft the next requests within this session (None: from each request alone)."""
+        if session is None or self.session_tokens <= 0:
+            self._index = NgramIndex(self.max_ngram)
+            return
+        index = self._sessions.pop(session, None)
+        if index is None:
+            index = NgramIndex(self.max_ngram, self.session_tokens)
+        self._sessions[session] = index  # most recently used last
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        self._index = index
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._index.new_document()
 
-    def clear_session(self) -> None:
-        self._index = NgramIndex(self.max_ngram, self._index.session_tokens)
+    def clear_session(self, session: str | None = None) -> None:
+        """Forget one session's earlier requests, or every session's (None)."""
+        if session is None:
+            self._sessions.clear()
+        else:
+            self._sessions.pop(session, None)
+        self._index = NgramIndex(self.max_ngram)
 
     def candidate(self, context: Sequence[int], k: int) -> NgramCandidate:
         """What a proposal of up to k tokens would be, with the length of the match and how
@@ -60,7 +96,7 @@ class NgramDraft:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        rng: np.random.Generator,
+        keys: SampleKeys,
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         return Draft(tokens=self.candidate(context, k).tokens)

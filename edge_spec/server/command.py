@@ -24,9 +24,9 @@ def add_serve_parser(sub: Any) -> None:
         "--draft", "-md", help="draft model (default: the manifest pair's draft for the target)"
     )
     serve.add_argument("--draft-mode", choices=("auto", "model", "ngram", "none"), default="auto")
-    serve.add_argument("--policy", choices=("fixed", "heuristic", "cost"), default=None)
-    serve.add_argument("--k", type=int, default=4, help="draft length for the fixed policy")
-    serve.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
+    from ..cli import add_policy_arguments
+
+    add_policy_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument(
