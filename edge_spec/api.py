@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .backend import LlamaModel
-from .chat import render_chat
+from .chat import choose_template, render_chat
 from .drafts import DraftSource, ModelDraft, NgramDraft, NoDraft
 from .engine import Prefill, Step, run_steps
 from .errors import InvalidRequestError
@@ -20,7 +20,7 @@ from .placement import plan_placement
 from .policy import CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
 from .stats import GenerationStats, StatsCollector
-from .text import TextAssembler
+from .text import Span, TextAssembler
 from .vocab import check_compatible
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ class EngineConfig:
     # by default: sampled tokens are keyed by (seed, position), so drafts never change the text.
     ngram_session_tokens: int = 32768
     max_sessions: int = 16
+    # The chat template: None for the model's own (a built-in for its architecture if it has
+    # none), or a built-in name ("chatml", "gemma") or a file of Jinja.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -185,6 +188,8 @@ class TextDelta:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     result: GenerationResult | None = None
+    # The text again, as runs marked True where they came from accepted draft tokens.
+    spans: tuple[Span, ...] = ()
 
 
 class EdgeSpec:
@@ -247,6 +252,20 @@ class EdgeSpec:
                 raise
             self.draft = draft_model
             self._sources["model"] = ModelDraft(draft_model)
+        info = self.target.info
+        try:
+            self.chat_template = choose_template(
+                cfg.chat_template, info.chat_template, info.architecture
+            )
+        except Exception:
+            self.close()
+            raise
+        if self.chat_template.source == "fallback":
+            log.warning(
+                "%s has no chat template; chats use the built-in %s template",
+                self.target_path.name,
+                self.chat_template.name,
+            )
         self._policies: dict[tuple[object, ...], KPolicy] = {}
         self._costs: CostCurve | None = None
         self._lock = threading.Lock()
@@ -306,7 +325,7 @@ class EdgeSpec:
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         info = self.target.info
         return render_chat(
-            info.chat_template,
+            self.chat_template.text,
             messages,
             bos_token=self.target.token_text(info.bos_id).decode("utf-8", "replace"),
             eos_token=self.target.token_text(info.eos_id).decode("utf-8", "replace"),
@@ -367,13 +386,14 @@ class EdgeSpec:
                     token_ids.extend(new_ids)
                     if finish is not None:
                         break
-                    yield TextDelta(text.take_ready(), tuple(new_ids))
+                    spans = text.take_ready_spans()
+                    yield TextDelta(_join(spans), tuple(new_ids), spans=tuple(spans))
                     new_ids = []
             finally:
                 steps.close()
             if finish is None:  # the loop ran out: max_tokens reached or the context is full
                 finish = "length" if len(token_ids) >= cfg.max_tokens else "context"
-            tail = text.finish()
+            tail = text.finish_spans()
             result = GenerationResult(
                 text=text.text,
                 finish_reason=finish,
@@ -386,7 +406,7 @@ class EdgeSpec:
                 k=cfg.k,
                 stats=stats.result(len(prompt_ids), len(token_ids), time.perf_counter() - t_start),
             )
-            yield TextDelta(tail, tuple(new_ids), finish, result)
+            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
 
     def _plan_for(
         self, mode: DraftMode, cfg: GenerationConfig
@@ -431,15 +451,19 @@ class EdgeSpec:
     ) -> tuple[list[int], FinishReason | None]:
         """The step's tokens up to the first end condition, and that condition if one was met."""
         taken: list[int] = []
-        for token in step.tokens:
+        for i, token in enumerate(step.tokens):
             if self.target.is_eog(token):
                 return taken, "eos"
             taken.append(token)
-            if text.feed(self.target.token_bytes(token)):
+            if text.feed(self.target.token_bytes(token), from_draft=i < step.n_accepted):
                 return taken, "stop"
             if n_before + len(taken) >= max_tokens:
                 return taken, "length"
         return taken, None
+
+
+def _join(spans: Sequence[Span]) -> str:
+    return "".join(text for text, _ in spans)
 
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> Path:

@@ -124,6 +124,7 @@ class ModelInfo:
     add_bos: bool
     chat_template: str | None
     is_recurrent: bool
+    architecture: str = ""  # general.architecture, e.g. "llama", "gemma3"
 
 
 class LlamaModel:
@@ -207,6 +208,7 @@ class LlamaModel:
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
             chat_template=template.decode("utf-8") if template else None,
             is_recurrent=bool(llama_cpp.llama_model_is_recurrent(model)),
+            architecture=self._meta("general.architecture"),
         )
         self._eog = np.array(
             [bool(llama_cpp.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)]
@@ -220,6 +222,12 @@ class LlamaModel:
             self.n_batch,
             threads,
         )
+
+    def _meta(self, key: str) -> str:
+        """A string metadata value of the model ("" if absent)."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
 
     # ---- lifecycle -------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .errors import EdgeSpecError
 
@@ -19,6 +19,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not argparse's usage block: the contract for every user error.
         self.exit(EXIT_USER_ERROR, f"edge-spec: error: {message}\n")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the models are loaded: the same flags in generate, chat and serve."""
+    parser.add_argument("--ctx-size", "-c", type=int, default=4096)
+    parser.add_argument("--threads", "-t", type=int, default=None)
+    parser.add_argument(
+        "--mem-budget", default=None, help="RAM the models may use, e.g. 2G (default: free RAM)"
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="chatml, gemma, or a Jinja file (default: the model's own; a built-in for its "
+        "architecture if it has none)",
+    )
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send the prompt as one user message through the chat template",
     )
-    gen.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
+    gen.add_argument(
+        "--target",
+        "-m",
+        help="target model: manifest name or GGUF path (default: the default pair; with --chat "
+        "the chat pair)",
+    )
     gen.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
     gen.add_argument(
         "--draft-mode",
@@ -65,18 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-p", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--ctx-size", "-c", type=int, default=4096)
-    gen.add_argument("--threads", "-t", type=int, default=None)
-    gen.add_argument(
-        "--mem-budget", default=None, help="RAM the models may use, e.g. 2G (default: free RAM)"
-    )
+    add_engine_arguments(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
     from .bench.command import add_bench_parser
+    from .chat_terminal import add_chat_parser
     from .device import add_profile_parser
     from .server.command import add_serve_parser
     from .simulate import add_simulate_parser
 
+    add_chat_parser(sub)
     add_profile_parser(sub)
     add_simulate_parser(sub)
     add_bench_parser(sub)
@@ -101,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "chat":
+            from .chat_terminal import run_chat
+
+            return run_chat(args)
         if args.command == "profile":
             from .device import run_profile
 
@@ -126,15 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .api import EdgeSpec, EngineConfig, GenerationConfig
-    from .models import default_pair
-    from .placement import parse_size
+    from .api import EdgeSpec, GenerationConfig
+    from .models import choose_pair
     from .sampling import SamplingParams
 
     prompt = _read_prompt(args)
-    default_target, default_draft = default_pair()
-    # --draft is ignored by the draft-free modes, so one command line switches between them.
-    draft = (args.draft or default_draft) if args.draft_mode in ("model", "auto") else None
+    # --draft is ignored by the draft-free modes, so one command line switches between them;
+    # --chat without a target takes the chat pair (the default pair's target is a base model).
+    target, draft = choose_pair(args.target, args.draft, chat=args.chat, draft_mode=args.draft_mode)
     config = GenerationConfig(
         max_tokens=args.max_tokens,
         k=args.k,
@@ -149,14 +170,7 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed,
         ),
     )
-    engine_config = EngineConfig(
-        n_ctx=args.ctx_size,
-        n_threads=args.threads,
-        mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
-    )
-    with EdgeSpec(
-        args.target or default_target, draft, draft_mode=args.draft_mode, config=engine_config
-    ) as spec:
+    with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
         if args.chat:
             prompt = spec.render_chat([{"role": "user", "content": prompt}])
         if args.json:
@@ -172,6 +186,19 @@ def _generate(args: argparse.Namespace) -> int:
     assert result is not None
     print(_summary(result), file=sys.stderr)
     return 0
+
+
+def engine_config(args: argparse.Namespace) -> Any:
+    """The EngineConfig of the flags generate, chat and serve share."""
+    from .api import EngineConfig
+    from .placement import parse_size
+
+    return EngineConfig(
+        n_ctx=args.ctx_size,
+        n_threads=args.threads,
+        mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
+        chat_template=args.chat_template,
+    )
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

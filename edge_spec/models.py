@@ -225,10 +225,35 @@ def list_models() -> list[ModelStatus]:
     return statuses
 
 
-def default_pair() -> tuple[str, str]:
-    """(target name, draft name) of the manifest's default pair."""
-    pair = load_manifest().pairs["default"]
+def default_pair(chat: bool = False) -> tuple[str, str]:
+    """(target name, draft name) of the manifest's default pair; chat=True: its chat pair (an
+    instruct model with its own template), where the manifest has one."""
+    pairs = load_manifest().pairs
+    pair = pairs["chat"] if chat and "chat" in pairs else pairs["default"]
     return pair.target, pair.draft
+
+
+def choose_pair(
+    target: str | None, draft: str | None, *, chat: bool = False, draft_mode: str = "auto"
+) -> tuple[str, str | None]:
+    """The models a command loads: the target (default: the default pair's, or the chat
+    pair's for chat) and the draft: the one given, else the manifest pair's draft for that
+    target, none for the draft-free modes. Raises InvalidRequestError when draft_mode "model"
+    has no draft to use."""
+    default_target, default_draft = default_pair(chat)
+    target = target or default_target
+    if draft_mode in ("ngram", "none"):
+        return target, None
+    if draft:
+        return target, draft
+    if target == default_target:
+        return target, default_draft
+    for pair in list_pairs().values():
+        if pair.target in (target, Path(target).stem):
+            return target, pair.draft
+    if draft_mode == "model":
+        raise InvalidRequestError(f"no manifest pair has target {target!r}: give --draft")
+    return target, None
 
 
 def list_pairs() -> dict[str, ModelPair]:

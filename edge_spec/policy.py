@@ -241,36 +241,59 @@ class AcceptanceEstimate:
         self.prior = min(max(prior, 0.0), 1.0)
         self.decay = decay
         self.prior_weight = prior_weight
-        self.accepted = [0.0] * n_positions
-        self.reached = [0.0] * n_positions
+        # The decayed counts are _accepted[i] * _scale: fading all of them is one multiply of
+        # _scale (the policy forgets every unused estimate on every step).
+        self._accepted = [0.0] * n_positions
+        self._reached = [0.0] * n_positions
+        self._scale = 1.0
+        self._alphas: list[float] | None = None  # alphas(len) until the next change
+        self._pooled = self.prior
+
+    @property
+    def accepted(self) -> list[float]:
+        return [a * self._scale for a in self._accepted]
+
+    @property
+    def reached(self) -> list[float]:
+        return [r * self._scale for r in self._reached]
 
     def pooled(self) -> float:
-        w = self.prior_weight
-        return (sum(self.accepted) + w * self.prior) / (sum(self.reached) + w)
+        w, scale = self.prior_weight, self._scale
+        return (sum(self._accepted) * scale + w * self.prior) / (sum(self._reached) * scale + w)
 
     def alphas(self, k: int) -> list[float]:
         """alpha_0 .. alpha_{k-1} (positions past the tracked range use the pooled rate)."""
-        w, pooled = self.prior_weight, self.pooled()
-        n = len(self.reached)
-        return [
-            (self.accepted[i] + w * pooled) / (self.reached[i] + w) if i < n else pooled
-            for i in range(k)
-        ]
+        n = len(self._reached)
+        if self._alphas is None:
+            w, pooled, scale = self.prior_weight, self.pooled(), self._scale
+            self._alphas = [
+                (a * scale + w * pooled) / (r * scale + w)
+                for a, r in zip(self._accepted, self._reached)
+            ]
+            self._pooled = pooled
+        if k <= n:
+            return self._alphas[:k]
+        return self._alphas + [self._pooled] * (k - n)
 
     def forget(self, factor: float) -> None:
         """Let the evidence fade towards the prior without a new observation."""
-        self.accepted = [a * factor for a in self.accepted]
-        self.reached = [r * factor for r in self.reached]
+        self._scale *= factor
+        self._alphas = None
+        if self._scale < 1e-200:  # fold the scale in before it underflows
+            self._accepted = self.accepted
+            self._reached = self.reached
+            self._scale = 1.0
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         """A step drafted n_drafted tokens and the first n_accepted of them were accepted."""
         if n_drafted <= 0:
             return
         self.forget(self.decay)
-        for i in range(min(n_drafted, n_accepted + 1, len(self.reached))):
-            self.reached[i] += 1.0
+        one = 1.0 / self._scale
+        for i in range(min(n_drafted, n_accepted + 1, len(self._reached))):
+            self._reached[i] += one
             if i < n_accepted:
-                self.accepted[i] += 1.0
+                self._accepted[i] += one
 
 
 class RequestEstimate:
@@ -377,6 +400,7 @@ class OnlineCosts:
         self._draft = _LogRatio()
         self.overhead_s = 0.0
         self._n_overhead = 0
+        self._t: list[float | None] = [None] * (n_sizes + 2)
 
     def _log_ratio(self, n: int) -> float:
         # A size never measured takes the ratio of the nearest smaller size that was (the
@@ -388,6 +412,12 @@ class OnlineCosts:
         return self._verify_all.value
 
     def t(self, n: int) -> float:
+        # Read every step for every k: cached, and cleared when a measurement arrives.
+        if n < len(self._t):
+            value = self._t[n]
+            if value is None:
+                value = self._t[n] = self.profile.t(n) * math.exp(self._log_ratio(n))
+            return value
         return self.profile.t(n) * math.exp(self._log_ratio(n))
 
     def draft_s(self, k: int, n_fresh: int) -> float:
@@ -398,6 +428,7 @@ class OnlineCosts:
         return self.profile.ngram_s
 
     def observe(self, outcome: StepOutcome, n_fresh: int) -> None:
+        self._t = [None] * len(self._t)
         n = outcome.n_drafted + 1
         predicted = self.profile.t(n)
         if n < len(self._verify):

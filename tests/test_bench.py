@@ -50,7 +50,10 @@ def test_parse_strategy() -> None:
     assert parse_strategy("model-k3").k == 3 and parse_strategy("model-k3").policy == "fixed"
     assert parse_strategy("ngram-cost").draft_mode == "ngram"
     assert parse_strategy("auto").policy == "cost"
-    for bad in ("model", "foo-k2", "model-kx", "ngram-magic"):
+    # A draft mode alone runs the cost policy, as the API and the CLI do by default.
+    assert parse_strategy("ngram").policy == parse_strategy("model").policy == "cost"
+    assert parse_strategy("ngram").draft_mode == "ngram"
+    for bad in ("foo", "foo-k2", "model-kx", "ngram-magic"):
         with pytest.raises(ValueError):
             parse_strategy(bad)
 

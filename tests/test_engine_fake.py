@@ -248,3 +248,26 @@ def test_same_seed_same_text_whatever_was_drafted(temperature: float) -> None:
         SamplingParams(temperature=temperature, top_p=0.95, seed=2025),
     )
     assert temperature == 0.0 or other != reference  # the seed does matter
+
+
+def test_ngram_sessions_are_kept_apart_by_name() -> None:
+    """A named session drafts from its own earlier requests only; None drafts from the request
+    alone; the least recently used session goes first beyond max_sessions."""
+    earlier = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    draft = NgramDraft(max_ngram=2, session_tokens=1000, max_sessions=2)
+
+    def request(session: str | None, prompt: list[int]) -> tuple[int, ...]:
+        draft.select(session)
+        draft.begin(prompt)
+        return draft.candidate(prompt, 3).tokens
+
+    request("a", earlier)
+    assert request("a", [3, 4, 5]) == (6, 7, 8)  # a's own earlier request
+    assert request("b", [3, 4, 5]) == ()  # b never saw it
+    assert request(None, [3, 4, 5]) == ()  # no session: this request alone
+    assert request("a", [3, 4, 5]) == (6, 7, 8)  # "a" is now the most recently used
+    request("c", [0])  # a third session: "b", the least recently used, is dropped
+    assert request("a", [3, 4, 5]) == (6, 7, 8)
+    assert request("b", [3, 4, 5]) == ()
+    draft.clear_session("a")
+    assert request("a", [3, 4, 5]) == ()

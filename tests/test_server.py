@@ -97,6 +97,16 @@ def test_defaults_follow_openai() -> None:
         LIMITS,
     )
     assert chat.config.max_tokens == 5
+    # No session unless the request names a conversation with OpenAI's prompt_cache_key.
+    assert chat.config.session is None
+    keyed = parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "c1"},
+        LIMITS,
+    )
+    assert keyed.config.session == "prompt_cache_key:c1"
+    with pytest.raises(APIError) as err:
+        parse_completion({"model": "m", "prompt": "x", "prompt_cache_key": ""}, LIMITS)
+    assert err.value.body()["error"]["param"] == "prompt_cache_key"
 
 
 @pytest.mark.parametrize(
@@ -225,12 +235,12 @@ def _parse_prometheus(text: str) -> dict[str, float]:
 
 def test_metrics_text_is_valid_prometheus() -> None:
     metrics = ServerMetrics({"queue_depth": ("Waiting.", lambda: 3)})
-    metrics.requests.inc(endpoint="/v1/completions", status="200")
-    metrics.requests.inc(endpoint='we"ird\\path', status="400")
+    metrics.requests.labels(endpoint="/v1/completions", status="200").inc()
+    metrics.requests.labels(endpoint='we"ird\\path', status="400").inc()
     metrics.drafted.inc(10)
     metrics.accepted.inc(4)
     for seconds in (0.01, 0.3, 0.3, 1000.0):
-        metrics.duration.observe(seconds, endpoint="/v1/completions")
+        metrics.duration.labels(endpoint="/v1/completions").observe(seconds)
     text = metrics.render()
     assert 'endpoint="we\\"ird\\\\path"' in text
     values = _parse_prometheus(text.replace('we\\"ird\\\\path', "weird"))
@@ -825,5 +835,46 @@ def test_authentication_off_and_a_full_queue(smollm2_path: Path, tmp_path: Path)
                     client.completions.create(model="smollm2-135m-f16", prompt="Hi", max_tokens=2)
                 assert _error(full.value)["code"] == "queue_full"
             assert waiting.result().status_code == 200  # served once the stream was dropped
+    finally:
+        live.stop()
+
+
+@models
+def test_the_default_serve_chats_plain_streaming_and_concurrently(tmp_path: Path) -> None:
+    """`edge-spec serve` with no model flags: the chat pair in auto mode (the device profile is
+    measured on first use), answering the official client's chat plainly, streamed, and four
+    identical requests at once with one answer. A conversation named by prompt_cache_key
+    drafts from its earlier requests; a request without one does not."""
+    live = LiveServer(["--threads", "1"], tmp_path / "serve.log")
+    try:
+        client = live.client(api_key="unused")
+        model = client.models.list().data[0].id
+        assert model == "smollm2-135m-f16"
+        messages = [{"role": "user", "content": "Name three planets of the solar system."}]
+        ask = {"model": model, "messages": messages, "max_tokens": 40, "temperature": 0}
+        done = client.chat.completions.create(**ask)
+        answer = done.choices[0].message.content
+        assert answer.strip() and done.model_extra["edge_spec"]["draft_mode"] == "auto"
+        stream = client.chat.completions.create(**ask, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == answer
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(
+                pool.map(
+                    lambda _: client.chat.completions.create(**ask).choices[0].message.content,
+                    range(4),
+                )
+            )
+        assert answers == [answer] * 4
+
+        # The second request of a conversation drafts its answer from the first one's.
+        keyed = [
+            client.chat.completions.create(**ask, extra_body={"prompt_cache_key": "conv-1"})
+            for _ in range(2)
+        ]
+        assert [k.choices[0].message.content for k in keyed] == [answer, answer]
+        accepted = [k.model_extra["edge_spec"]["n_accepted"] for k in keyed]
+        assert (
+            accepted[1] > accepted[0] and accepted[1] > done.model_extra["edge_spec"]["n_accepted"]
+        )
     finally:
         live.stop()

@@ -52,7 +52,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from ..api import EdgeSpec, EngineConfig
     from ..backend import llama_build, llama_cpp_version
     from ..errors import InvalidRequestError
-    from ..models import default_pair
+    from ..models import choose_pair
     from .peers import PeerSetup, is_peer, make_peers
     from .prompts import load_prompts
     from .report import markdown_table, summarize
@@ -66,13 +66,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         raise InvalidRequestError(str(exc)) from exc
     if args.max_tokens < 1 or args.repeats < 1:
         raise InvalidRequestError("--max-tokens and --repeats must be >= 1")
-    default_target, default_draft = default_pair()
+    # --chat without a target: the chat pair (the default pair's target has no template).
+    target, draft = choose_pair(args.target, args.draft, chat=args.chat)
     config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
     n_entries = len(strategies) + len(peer_names) + 1
     n_total = len(prompts) * len(args.temperatures) * args.repeats * n_entries
-    with EdgeSpec(
-        args.target or default_target, args.draft or default_draft, config=config
-    ) as spec:
+    with EdgeSpec(target, draft, config=config) as spec:
         setup = PeerSetup(
             spec.target_path,
             spec.draft_path,

@@ -7,7 +7,7 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from ..errors import EdgeSpecError, InvalidRequestError
@@ -19,12 +19,14 @@ INSTALL_HINT = "the server extra is not installed: pip install 'edge-spec[server
 
 def add_serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (the server extra)")
-    serve.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
+    serve.add_argument(
+        "--target", "-m", help="target model: manifest name or GGUF path (default: the chat pair)"
+    )
     serve.add_argument(
         "--draft", "-md", help="draft model (default: the manifest pair's draft for the target)"
     )
     serve.add_argument("--draft-mode", choices=("auto", "model", "ngram", "none"), default="auto")
-    from ..cli import add_policy_arguments
+    from ..cli import add_engine_arguments, add_policy_arguments
 
     add_policy_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -35,16 +37,19 @@ def add_serve_parser(sub: Any) -> None:
         help="require 'Authorization: Bearer KEY' on every route but /health "
         "(default: $EDGE_SPEC_API_KEY; unset: no authentication)",
     )
-    serve.add_argument("--ctx-size", "-c", type=int, default=4096)
-    serve.add_argument("--threads", "-t", type=int, default=None)
-    serve.add_argument("--mem-budget", default=None, help="RAM the models may use, e.g. 2G")
+    add_engine_arguments(serve)
     serve.add_argument(
         "--ngram-session-tokens",
         type=int,
-        default=0,
-        help="draft from up to this many tokens of earlier requests (default 0: each request "
-        "drafts from itself only, so no client's text speeds up or slows down another's)",
+        default=8192,
+        help="per conversation (requests sharing a prompt_cache_key), draft from up to this "
+        "many tokens of its earlier requests (default 8192; 0: off). A request without one "
+        "drafts from its own text only, so no client's text reaches another's drafts",
     )
+    serve.add_argument(
+        "--max-sessions", type=int, default=16, help="conversations kept (least recent dropped)"
+    )
+
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait (429)")
     serve.add_argument(
         "--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask"
@@ -60,29 +65,33 @@ def add_serve_parser(sub: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import sse_starlette  # noqa: F401
         import uvicorn
     except ImportError as exc:
         raise EdgeSpecError(INSTALL_HINT) from exc
-    from ..api import EdgeSpec, EngineConfig, GenerationConfig
-    from ..models import resolve
-    from ..placement import parse_size
+    from ..api import EdgeSpec, GenerationConfig
+    from ..cli import engine_config as cli_engine_config
+    from ..models import choose_pair, resolve
     from .app import ServerConfig, create_app
     from .schemas import RequestLimits
 
-    for name in ("port", "max_queue", "max_tokens_limit", "max_request_bytes"):
+    for name in ("port", "max_queue", "max_tokens_limit", "max_request_bytes", "max_sessions"):
         if getattr(args, name) < (0 if name == "port" else 1):
             raise InvalidRequestError(f"--{name.replace('_', '-')} is out of range")
-    target_name, draft_name = _pair_names(args)
+    # A server's first client is a chat: with no model flags, the chat pair.
+    target_name, draft_name = choose_pair(
+        args.target, args.draft, chat=True, draft_mode=args.draft_mode
+    )
     target_path = resolve(target_name)  # fetches a missing manifest model before binding
     draft_path = resolve(draft_name) if draft_name else None
-    engine_config = EngineConfig(
-        n_ctx=args.ctx_size,
-        n_threads=args.threads,
-        mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
+    engine_config = replace(
+        cli_engine_config(args),
         ngram_session_tokens=args.ngram_session_tokens,
+        max_sessions=args.max_sessions,
     )
-    base = GenerationConfig(k=args.k, k_max=args.k_max, policy=args.policy)
+    # No session unless a request names one (prompt_cache_key).
+    base = GenerationConfig(k=args.k, k_max=args.k_max, policy=args.policy, session=None)
     # A manifest name is its file's stem; a path is listed by its stem but accepted as given.
     ids = [args.model_alias, target_path.stem, target_name]
     config = ServerConfig(
@@ -138,24 +147,3 @@ def run_serve(args: argparse.Namespace) -> int:
         exc = failures[0]
         raise exc if isinstance(exc, EdgeSpecError) else EdgeSpecError(str(exc))
     return 0
-
-
-def _pair_names(args: argparse.Namespace) -> tuple[str, str | None]:
-    """The target, and the draft: --draft, else the manifest pair's draft for that target;
-    none for the draft-free modes."""
-    from ..models import default_pair, list_pairs
-
-    default_target, default_draft = default_pair()
-    target = args.target or default_target
-    if args.draft_mode in ("ngram", "none"):
-        return target, None
-    if args.draft:
-        return target, args.draft
-    if target == default_target:
-        return target, default_draft
-    for pair in list_pairs().values():
-        if pair.target in (target, Path(target).stem):
-            return target, pair.draft
-    if args.draft_mode == "model":
-        raise InvalidRequestError(f"no manifest pair has target {target!r}: give --draft")
-    return target, None

@@ -1,115 +1,34 @@
-"""Prometheus text exposition (format 0.0.4), written by hand: a few counters, gauges and
-histograms need no client library. Safe to update from the worker thread and the event loop.
-RequestMetricsMiddleware counts and times every HTTP request."""
+"""The server's Prometheus metrics, kept by prometheus_client in a registry of their own (so two
+apps in one process never share counters). RequestMetricsMiddleware counts and times every HTTP
+request."""
 
 from __future__ import annotations
 
-import bisect
-import math
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Seconds; a request on a CPU takes from tens of milliseconds to minutes.
 DURATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-Labels = tuple[tuple[str, str], ...]
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/metrics", "/health")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection before the answer"
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(labels: Labels, extra: Labels = ()) -> str:
-    pairs = labels + extra
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
-
-
-class _Family:
-    def __init__(self, name: str, help_text: str, kind: str) -> None:
-        self.name, self.help_text, self.kind = name, help_text, kind
-        self._lock = threading.Lock()
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}"]
-
-
-class Counter(_Family):
-    def __init__(self, name: str, help_text: str, labelled: bool = False) -> None:
-        super().__init__(name, help_text, "counter")
-        self._values: dict[Labels, float] = {} if labelled else {(): 0.0}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError("a counter only goes up")
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        with self._lock:
-            return self._values.get(tuple(sorted(labels.items())), 0.0)
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            values = dict(self._values)
-        return [f"{self.name}{_labels(k)} {_number(v)}" for k, v in sorted(values.items())]
-
-
-class Gauge(_Family):
-    """A value read when the metrics are scraped."""
-
-    def __init__(self, name: str, help_text: str, read: Callable[[], float]) -> None:
-        super().__init__(name, help_text, "gauge")
-        self._read = read
-
-    def lines(self) -> list[str]:
-        return [f"{self.name} {_number(self._read())}"]
-
-
-class Histogram(_Family):
-    def __init__(self, name: str, help_text: str, buckets: Iterable[float]) -> None:
-        super().__init__(name, help_text, "histogram")
-        self.buckets = tuple(sorted(buckets))
-        # per label set: [count per bucket (non-cumulative) + overflow, sum]
-        self._series: dict[Labels, tuple[list[int], list[float]]] = {}
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            counts, total = self._series.setdefault(key, ([0] * (len(self.buckets) + 1), [0.0]))
-            counts[bisect.bisect_left(self.buckets, value)] += 1  # le is inclusive
-            total[0] += value
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            series = {k: (list(c), t[0]) for k, (c, t) in self._series.items()}
-        out: list[str] = []
-        for key, (counts, total) in sorted(series.items()):
-            running = 0
-            for bound, n in zip((*self.buckets, math.inf), counts):
-                running += n
-                le = (("le", _number(bound)),)
-                out.append(f"{self.name}_bucket{_labels(key, le)} {running}")
-            out.append(f"{self.name}_sum{_labels(key)} {_number(total)}")
-            out.append(f"{self.name}_count{_labels(key)} {running}")
-        return out
+# The *_created series double every counter's lines and say nothing a scraper needs here.
+disable_created_metrics()
 
 
 class ServerMetrics:
@@ -117,53 +36,61 @@ class ServerMetrics:
 
     def __init__(self, gauges: Mapping[str, tuple[str, Callable[[], float]]] = ()) -> None:
         p = "edge_spec_"
+        self.registry = registry = CollectorRegistry()
         self.requests = Counter(
-            p + "requests_total", "HTTP requests by endpoint and status.", labelled=True
+            p + "requests",
+            "HTTP requests by endpoint and status.",
+            ("endpoint", "status"),
+            registry=registry,
         )
         self.cancelled = Counter(
-            p + "requests_cancelled_total", "Generations stopped because the client went away."
+            p + "requests_cancelled",
+            "Generations stopped because the client went away.",
+            registry=registry,
         )
         self.prompt_tokens = Counter(
-            p + "prompt_tokens_total", "Prompt tokens of finished generations."
+            p + "prompt_tokens", "Prompt tokens of finished generations.", registry=registry
         )
         self.completion_tokens = Counter(
-            p + "completion_tokens_total", "Tokens generated (cancelled requests included)."
+            p + "completion_tokens",
+            "Tokens generated (cancelled requests included).",
+            registry=registry,
         )
-        self.drafted = Counter(p + "drafted_tokens_total", "Draft tokens proposed.")
-        self.accepted = Counter(p + "accepted_tokens_total", "Draft tokens the target accepted.")
+        self.drafted = Counter(p + "drafted_tokens", "Draft tokens proposed.", registry=registry)
+        self.accepted = Counter(
+            p + "accepted_tokens", "Draft tokens the target accepted.", registry=registry
+        )
+        Gauge(
+            p + "acceptance_rate",
+            "Accepted over drafted tokens since start (0 before anything was drafted).",
+            registry=registry,
+        ).set_function(self._acceptance)
+        for name, (text, read) in dict(gauges).items():
+            Gauge(p + name, text, registry=registry).set_function(read)
         self.duration = Histogram(
             p + "request_duration_seconds",
             "Time from receiving a request to its last byte, by endpoint.",
-            DURATION_BUCKETS_S,
+            ("endpoint",),
+            buckets=DURATION_BUCKETS_S,
+            registry=registry,
         )
         self.ttft = Histogram(
             p + "time_to_first_token_seconds",
             "Time from queueing a generation to its first token (queue wait included).",
-            TTFT_BUCKETS_S,
+            buckets=TTFT_BUCKETS_S,
+            registry=registry,
         )
-        acceptance = Gauge(
-            p + "acceptance_rate",
-            "Accepted over drafted tokens since start (0 before anything was drafted).",
-            lambda: self.accepted.value() / self.drafted.value() if self.drafted.value() else 0.0,
-        )
-        self._families: list[Counter | Gauge | Histogram] = [
-            self.requests,
-            self.cancelled,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.drafted,
-            self.accepted,
-            acceptance,
-            *(Gauge(p + name, text, read) for name, (text, read) in dict(gauges).items()),
-            self.duration,
-            self.ttft,
-        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one series (0 if it has none yet)."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def _acceptance(self) -> float:
+        drafted = self.value("edge_spec_drafted_tokens_total")
+        return self.value("edge_spec_accepted_tokens_total") / drafted if drafted else 0.0
 
     def render(self) -> str:
-        lines: list[str] = []
-        for family in self._families:
-            lines += family.header() + family.lines()
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode("utf-8")
 
 
 class RequestMetricsMiddleware:
@@ -200,5 +127,5 @@ class RequestMetricsMiddleware:
             raise
         finally:
             code = str(status[0]) if complete[0] else str(CLIENT_CLOSED)
-            self.metrics.requests.inc(endpoint=endpoint, status=code)
-            self.metrics.duration.observe(time.perf_counter() - t0, endpoint=endpoint)
+            self.metrics.requests.labels(endpoint=endpoint, status=code).inc()
+            self.metrics.duration.labels(endpoint=endpoint).observe(time.perf_counter() - t0)

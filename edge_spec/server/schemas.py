@@ -18,11 +18,13 @@ from ..errors import InvalidRequestError
 from ..sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
+MAX_SESSION_KEY = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 _COMMON = frozenset(
     ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options")
     + ("n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+    + ("prompt_cache_key",)  # OpenAI's: requests sharing one share an n-gram session here
     + ("top_k", "min_p", "speculative", "draft_mode")  # extensions
 )
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -215,6 +217,7 @@ def _parsed(
             stop=_stop(fields.get("stop")),
             draft_mode=_draft_mode(fields, limits),
             sampling=sampling,
+            session=_session(fields),
         )
     except InvalidRequestError as exc:  # the library's own range checks; they name the field
         name = str(exc).split(" ", 1)[0]
@@ -233,6 +236,21 @@ def _draft_mode(fields: dict[str, Any], limits: RequestLimits) -> Any:
     if not _bool(fields, "speculative", True):
         mode = "none"
     return mode or limits.base.draft_mode
+
+
+def _session(fields: Mapping[str, Any]) -> str | None:
+    """OpenAI's prompt_cache_key names a conversation: requests that share one draft from one
+    n-gram session (their earlier prompts and answers). Without it a request drafts from its
+    own text alone, so no client's text reaches another's drafts."""
+    key = fields.get("prompt_cache_key")
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_SESSION_KEY:
+        raise bad(
+            f"'prompt_cache_key' must be a string of 1 to {MAX_SESSION_KEY} characters",
+            "prompt_cache_key",
+        )
+    return "prompt_cache_key:" + key
 
 
 def _stop(value: object) -> tuple[str, ...]:
