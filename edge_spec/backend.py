@@ -184,12 +184,16 @@ class LlamaModel:
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_batch = int(llama_cpp.llama_n_batch(ctx))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):  # every token belongs to sequence 0 alone
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
         self.n_threads = threads
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         # llama.cpp may pad the context up; the limit the caller asked for is the one we keep.
         self.n_ctx = min(n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
         self.tokens: list[int] = []
         self.decode_s = 0.0  # seconds spent inside llama_decode, ever (the engine takes deltas)
+        self._logits_cache: tuple[int, np.ndarray] | None = None
         template = llama_cpp.llama_model_chat_template(model, None)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, desc, 256)
@@ -312,8 +316,8 @@ class LlamaModel:
             raise ContextOverflowError(
                 f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}"
             )
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
+        ids = [int(t) for t in tokens]  # plain ints: a step's batch is a handful of tokens
+        if min(ids) < 0 or max(ids) >= self.n_vocab:
             raise InvalidRequestError(f"token id out of range [0, {self.n_vocab})")
         rows = list(logit_rows)
         if rows and (rows != sorted(set(rows)) or rows[0] < 0 or rows[-1] >= n):
@@ -326,20 +330,35 @@ class LlamaModel:
             self._decode_chunk(chunk, [r - start for r in rows if start <= r < start + len(chunk)])
         if not rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
+        return self._logits_view(len(rows))
 
-    def _decode_chunk(self, chunk: np.ndarray, rows: list[int]) -> None:
+    def _logits_view(self, n_rows: int) -> np.ndarray:
+        """A (n_rows, n_vocab) view of llama.cpp's logits buffer. Building a view costs 0.06-0.15
+        ms (a ctypes array type per call), so the last one is reused while the buffer stays put:
+        it moves only when llama.cpp grows it for more output rows."""
+        address = ctypes.cast(llama_cpp.llama_get_logits(self._ctx), ctypes.c_void_p).value
+        cached = self._logits_cache
+        if cached is None or cached[0] != address or cached[1].shape[0] < n_rows:
+            interface = {
+                "data": (address, False),
+                "shape": (n_rows, self.n_vocab),
+                "typestr": "<f4",
+                "version": 3,
+            }
+            view = np.asarray(_ArrayInterface(interface))
+            self._logits_cache = cached = (address, view)
+        return cached[1][:n_rows]
+
+    def _decode_chunk(self, chunk: list[int], rows: list[int]) -> None:
         batch = self._batch
+        token, pos, logits = batch.token, batch.pos, batch.logits  # n_seq_id, seq_id: fixed
         n = len(chunk)
         pos0 = self.n_past
         want = set(rows)
         for i in range(n):
-            batch.token[i] = int(chunk[i])
-            batch.pos[i] = pos0 + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = 1 if i in want else 0
+            token[i] = chunk[i]
+            pos[i] = pos0 + i
+            logits[i] = i in want
         batch.n_tokens = n
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, batch)
@@ -350,7 +369,7 @@ class LlamaModel:
             if rc == 1:
                 raise ContextOverflowError(f"no KV slot for {n} tokens at position {pos0}")
             raise EdgeSpecError(f"llama_decode failed with code {rc}")
-        self.tokens.extend(int(t) for t in chunk)
+        self.tokens.extend(chunk)
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached position >= n_keep (exact rollback: re-decoding gives the same
@@ -381,6 +400,13 @@ class LlamaModel:
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
         self.tokens = []
+
+
+class _ArrayInterface:
+    """Memory numpy may view through the array interface (no copy)."""
+
+    def __init__(self, interface: dict[str, object]) -> None:
+        self.__array_interface__ = interface
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

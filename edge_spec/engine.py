@@ -18,7 +18,7 @@ from .backend import LlamaModel
 from .drafts import NO_DRAFT, Draft, DraftSource, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
 from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
-from .sampling import LazyWeights, SampleKeys, SamplingParams
+from .sampling import SampleKeys, SamplingParams
 from .verify import Verdict, verify_greedy, verify_keyed
 
 log = logging.getLogger(__name__)
@@ -151,5 +151,4 @@ def _verify(
     with the draft kept while it agrees: the output never depends on what was drafted."""
     if sampling.greedy:
         return verify_greedy(draft.tokens, logits)
-    target_weights = LazyWeights(logits, sampling)  # (k + 1, n_vocab), rows computed as reached
-    return verify_keyed(draft.tokens, target_weights, keys, n_context)
+    return verify_keyed(draft.tokens, logits, sampling, keys, n_context)

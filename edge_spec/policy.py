@@ -400,7 +400,7 @@ class OnlineCosts:
         self._draft = _LogRatio()
         self.overhead_s = 0.0
         self._n_overhead = 0
-        self._t: list[float | None] = [None] * (n_sizes + 2)
+        self._t: list[float] | None = None
 
     def _log_ratio(self, n: int) -> float:
         # A size never measured takes the ratio of the nearest smaller size that was (the
@@ -412,13 +412,24 @@ class OnlineCosts:
         return self._verify_all.value
 
     def t(self, n: int) -> float:
-        # Read every step for every k: cached, and cleared when a measurement arrives.
+        # Read for every k of every option on every step: the whole curve is computed once
+        # after each measurement.
+        if self._t is None:
+            self._t = self._curve()
         if n < len(self._t):
-            value = self._t[n]
-            if value is None:
-                value = self._t[n] = self.profile.t(n) * math.exp(self._log_ratio(n))
-            return value
+            return self._t[n]
         return self.profile.t(n) * math.exp(self._log_ratio(n))
+
+    def _curve(self) -> list[float]:
+        """[0, t(1), t(2), ...] for the sizes with a ratio of their own or borrowed."""
+        out = [0.0]
+        ratio = self._verify_all.value
+        seen = False
+        for n in range(1, len(self._verify)):
+            if self._verify[n].n:
+                ratio, seen = self._verify[n].value, True
+            out.append(self.profile.t(n) * math.exp(ratio if seen else self._verify_all.value))
+        return out
 
     def draft_s(self, k: int, n_fresh: int) -> float:
         return self.profile.draft_s(k, n_fresh) * math.exp(self._draft.value)
@@ -428,7 +439,7 @@ class OnlineCosts:
         return self.profile.ngram_s
 
     def observe(self, outcome: StepOutcome, n_fresh: int) -> None:
-        self._t = [None] * len(self._t)
+        self._t = None
         n = outcome.n_drafted + 1
         predicted = self.profile.t(n)
         if n < len(self._verify):

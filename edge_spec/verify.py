@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_spec.sampling import LazyProbs, LazyWeights, SampleKeys, argmax, sample
+from edge_spec.sampling import LazyProbs, SampleKeys, SamplingParams, argmax, sample
 
 __all__ = ["Verdict", "verify_greedy", "verify_keyed", "verify_rejection"]
 
@@ -52,26 +52,27 @@ def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Ver
 
 def verify_keyed(
     draft_tokens: Sequence[int],
-    target_weights: np.ndarray | LazyWeights,
+    target_logits: np.ndarray,
+    params: SamplingParams,
     keys: SampleKeys,
     first_position: int,
 ) -> Verdict:
     """Sampled (temperature > 0) verification that does not depend on the draft.
 
-    The target's token at row i is keys.sample(target_weights[i], first_position + i): its own
-    keyed draw for that position of the context. Draft tokens are kept while they equal it.
-    Every token produced is the target's own draw with keys of its own, so the output is
-    distributed exactly as sampling from the target, and it is the same whatever was drafted.
-    A deterministic draft token x is accepted with probability p_target(x), as rejection
-    sampling would accept it; a sampling draft that draws with the same keys is accepted
-    where the two distributions agree (Gumbel coupling).
+    The target's token at row i is keys.draw(target_logits[i], params, first_position + i):
+    its own keyed draw for that position of the context. Draft tokens are kept while they
+    equal it. Every token produced is the target's own draw with keys of its own, so the output
+    is distributed exactly as sampling from the target, and it is the same whatever was
+    drafted. A deterministic draft token x is accepted with probability p_target(x), as
+    rejection sampling would accept it; a sampling draft that draws with the same keys is
+    accepted where the two distributions agree (Gumbel coupling). Rows after the first
+    mismatch are never looked at.
 
-    Requires: target_weights of shape (k + 1, n_vocab), non-negative rows of any scale (an
-    array, or LazyWeights so rows after the first mismatch are never computed).
+    Requires: target_logits of shape (k + 1, n_vocab) and params.temperature > 0.
     Raises: ValueError on a shape mismatch or an out-of-range token.
     """
-    tokens = _checked_tokens(draft_tokens, target_weights, "target_weights")
-    return _match(tokens, lambda i: keys.sample(target_weights[i], first_position + i))
+    tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
+    return _match(tokens, lambda i: keys.draw(target_logits[i], params, first_position + i)[0])
 
 
 def _match(tokens: tuple[int, ...], target_token: Callable[[int], int]) -> Verdict:
@@ -129,7 +130,7 @@ def verify_rejection(
 
 
 def _checked_tokens(
-    draft_tokens: Sequence[int], rows: np.ndarray | LazyProbs | LazyWeights, name: str
+    draft_tokens: Sequence[int], rows: np.ndarray | LazyProbs, name: str
 ) -> tuple[int, ...]:
     """Return draft_tokens as a tuple of ints after checking rows is (k + 1, n_vocab)."""
     tokens = tuple(int(token) for token in draft_tokens)

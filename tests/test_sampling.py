@@ -16,6 +16,7 @@ from edge_spec.sampling import (
     make_rng,
     probs_from_logits,
     sample,
+    weights_from_logits,
 )
 
 # ---------------------------------------------------------------- validation
@@ -314,14 +315,14 @@ def test_blocked_inverse_cdf_follows_long_rows() -> None:
 def test_keyed_draws_follow_the_weights_tail_included() -> None:
     # Tokens far below the top (the tail) race as one competitor and are picked by inverse
     # CDF; frequencies over many positions match the normalized weights, tail included.
-    weights = np.array([1.0, 0.5, 0.25, 3e-3, 0.0, 2e-3] + [1e-5] * 200, dtype=np.float32)
+    weights = np.array([1.0, 0.5, 0.25, 3e-3, 0.0, 2e-3] + [5e-8] * 20_000, dtype=np.float32)
     p = weights.astype(np.float64) / weights.sum(dtype=np.float64)
     keys = SampleKeys(5)
-    n = 100_000
+    n = 60_000
     counts = np.bincount([keys.sample(weights, j) for j in range(n)], minlength=weights.size)
     assert counts[4] == 0
     np.testing.assert_allclose(counts[:6] / n, p[:6], atol=5 * math.sqrt(0.25 / n))
-    tail = counts[6:].sum() / n  # the 200 tokens below SampleKeys.HEAD of the top
+    tail = counts[6:].sum() / n  # the 20,000 tokens below SampleKeys.HEAD of the top
     assert abs(tail - p[6:].sum()) <= 5 * math.sqrt(p[6:].sum() / n)
 
 
@@ -349,3 +350,35 @@ def test_keyed_draws_of_similar_rows_agree_like_a_coupling() -> None:
     same = np.mean([keys.sample(p_target, j) == keys.sample(p_draft, j) for j in range(n)])
     slack = 5 * math.sqrt(0.25 / n)
     assert (1 - tv) / (1 + tv) - slack <= same <= 1 - tv + slack, (same, tv)
+
+
+def test_draw_from_logits_is_the_race_on_their_weights() -> None:
+    # draw() works on the logit row (a comparison pass, the tail weighed only when it could
+    # win); it gives the race on the transformed weights, filters included.
+    rng = np.random.default_rng(2)
+    logits = rng.normal(0, 3, 3000).astype(np.float32)
+    logits[:1500] -= 40  # a long tail far below the head
+    for params in (
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.3),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+    ):
+        keys = SampleKeys(3)
+        weights = weights_from_logits(logits, params)
+        p = weights.astype(np.float64) / weights.sum(dtype=np.float64)
+        for j in range(300):
+            token, prob = keys.draw(logits, params, j)
+            assert token == keys.sample(weights, j)
+            assert prob == pytest.approx(p[token], rel=1e-4)
+
+
+def test_draw_weighs_the_tail_when_it_can_win() -> None:
+    # A flat row over a big vocabulary: the tail holds most of the mass and wins often; the
+    # frequencies over positions still follow the softmax.
+    logits = np.zeros(5000, dtype=np.float32)
+    logits[0] = 8.0  # exp(8) = 2981 against 4999 others: p(0) = 0.374
+    params = SamplingParams(temperature=1.0)
+    keys = SampleKeys(8)
+    n = 20_000
+    first = np.mean([keys.draw(logits, params, j)[0] == 0 for j in range(n)])
+    assert abs(first - math.exp(8) / (math.exp(8) + 4999)) < 5 * math.sqrt(0.25 / n)

@@ -16,7 +16,6 @@ from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
 
 from edge_spec.sampling import (
     LazyProbs,
-    LazyWeights,
     SampleKeys,
     SamplingParams,
     argmax,
@@ -303,19 +302,28 @@ def test_wrong_verifiers_fail_the_bound(verifier: Verifier) -> None:
 # ---------------------------------------------------------------- keyed (T > 0, draft-free output)
 
 
+def _logits(p: np.ndarray) -> np.ndarray:
+    """Logits whose softmax at temperature 1 is p (zero probabilities: -inf)."""
+    with np.errstate(divide="ignore"):
+        return np.log(p).astype(np.float32)
+
+
+T1 = SamplingParams(temperature=1.0)
+
+
 def test_keyed_verdict_is_the_targets_own_draw_whatever_was_drafted() -> None:
     # Whatever the draft, the tokens produced are the target's keyed draws for their positions:
     # a right draft only lets more of them come out of one pass.
     target = make_target()
-    params = SamplingParams(temperature=0.9, top_p=0.95)
     rng = make_rng(3)
     for trial in range(300):
         keys = SampleKeys(trial)
         k = int(rng.integers(0, 5))
         drafted = tuple(int(t) for t in rng.integers(0, N_VOCAB, size=k))
-        p_target = target.probs_rows(PREFIX, drafted, params)  # (k + 1, n_vocab)
-        verdict = verify_keyed(drafted, p_target, keys, 17)
-        own = [keys.sample(p_target[i], 17 + i) for i in range(verdict.n_accepted + 1)]
+        p_target = target.probs_rows(PREFIX, drafted, SamplingParams(temperature=0.9))
+        logits = _logits(p_target)  # (k + 1, n_vocab)
+        verdict = verify_keyed(drafted, logits, T1, keys, 17)
+        own = [keys.draw(logits[i], T1, 17 + i)[0] for i in range(verdict.n_accepted + 1)]
         assert list(verdict.tokens) == own
         assert verdict.tokens[: verdict.n_accepted] == drafted[: verdict.n_accepted]
         if verdict.n_accepted < k:
@@ -325,22 +333,13 @@ def test_keyed_verdict_is_the_targets_own_draw_whatever_was_drafted() -> None:
 def test_keyed_accepts_a_point_mass_draft_with_the_targets_probability() -> None:
     # Over many positions (fresh keys each), x is kept at rate p_target(x): the acceptance
     # rejection sampling gives a deterministic draft. 5 binomial standard deviations.
-    p_target = _read_only(np.array([[0.1, 0.0, 0.6, 0.3, 2e-5], [0.2] * 5]))
+    p_target = np.array([[0.1, 0.0, 0.6, 0.3, 2e-5], [0.2] * 5])
+    logits = _logits(p_target)
     keys = SampleKeys(11)
     n = 20_000
     for x in range(N_VOCAB):
-        kept = np.mean([verify_keyed([x], p_target, keys, j).n_accepted for j in range(n)])
+        kept = np.mean([verify_keyed([x], logits, T1, keys, j).n_accepted for j in range(n)])
         assert abs(kept - p_target[0, x]) <= 5 * math.sqrt(0.25 / n) + 1e-12
-
-
-def test_keyed_with_lazy_rows_stops_computing_at_the_first_mismatch() -> None:
-    logits = np.zeros((4, N_VOCAB), dtype=np.float32)
-    logits[0, 0] = -np.inf  # token 0 cannot come out of row 0
-    lazy = LazyWeights(logits, SamplingParams(temperature=0.8))
-    verdict = verify_keyed([0, 1, 2], lazy, SampleKeys(1), 0)
-    assert verdict.n_accepted == 0 and lazy.n_computed == 1
-    with pytest.raises(ValueError, match="shape"):
-        verify_keyed([0, 1], lazy, SampleKeys(1), 0)
 
 
 def _keyed_verifier(
@@ -351,7 +350,8 @@ def _keyed_verifier(
 ) -> Verdict:
     """verify_keyed with fresh keys per step (the draft drew its tokens from rng, not coupled
     with the keys: the output must follow p_target all the same)."""
-    return verify_keyed(draft_tokens, p_target, SampleKeys(int(rng.integers(2**62))), 0)
+    keys = SampleKeys(int(rng.integers(2**62)))
+    return verify_keyed(draft_tokens, _logits(p_target), T1, keys, 0)
 
 
 @pytest.mark.parametrize(("k", "params", "greedy_draft"), CASES)

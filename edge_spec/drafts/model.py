@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import LlamaModel, common_prefix
-from ..sampling import SampleKeys, SamplingParams, argmax, weights_from_logits
+from ..sampling import SampleKeys, SamplingParams, argmax
 from .base import NO_DRAFT, Draft, KeepDrafting
 
 
@@ -60,9 +60,7 @@ class ModelDraft:
             else:
                 # The same keys the target's own draw for this position will use: where the two
                 # distributions agree, so do the two tokens.
-                weights = weights_from_logits(logits, params)  # (n_vocab,), unnormalized
-                token = keys.sample(weights, len(context) + i)
-                confidence = float(weights[token]) / float(weights.sum(dtype=np.float64))
+                token, confidence = keys.draw(logits, params, len(context) + i)
             tokens.append(token)
             confidences.append(confidence)
             if i + 1 == k or (keep_drafting is not None and not keep_drafting(i, confidence)):
@@ -72,5 +70,6 @@ class ModelDraft:
 
 
 def _top_prob(logits: np.ndarray) -> float:
+    # float32 exp (4x faster than float64 here), float64 sum.
     shifted = logits - logits.max()
-    return float(1.0 / np.exp(shifted, dtype=np.float64).sum())
+    return float(1.0 / np.exp(shifted).sum(dtype=np.float64))

@@ -114,6 +114,7 @@ class NgramIndex:
         self._docs: list[list[int]] = [[]]  # earlier documents, then the live one (last)
         self._first = 0  # id of self._docs[0] (ids grow; old documents are dropped)
         self._ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}  # -> [(doc id, end)]
+        self._context: Sequence[int] | None = None  # the sequence the live document follows
 
     @property
     def _live(self) -> list[int]:
@@ -121,6 +122,7 @@ class NgramIndex:
 
     def new_document(self) -> None:
         """The live context becomes part of the session (or is forgotten without one)."""
+        self._context = None
         if self.session_tokens <= 0:
             self._docs, self._first, self._ends = [[]], 0, {}
             return
@@ -144,9 +146,12 @@ class NgramIndex:
         session's documents as history."""
         live = self._live
         n_ctx, n_seen = len(context), len(live)
-        if n_ctx <= n_seen or list(context[:n_seen]) != live:
+        # The engine passes one list that only grows: then the prefix need not be compared.
+        grown = context is self._context and n_ctx > n_seen
+        if not grown and (n_ctx <= n_seen or list(context[:n_seen]) != live):
             self.new_document()  # not an extension of the live document: a new one
             live, n_seen = self._live, 0
+        self._context = context
         doc = self._first + len(self._docs) - 1
         # Index every n-gram ending before the last position: the suffix itself must not match.
         for end in range(n_seen + 1, n_ctx):

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""edge_spec's GGUF metadata reader against ggml-org's `gguf` package (GGUFReader) on the
+registry models, Gemma-3-270M's 262,144-token vocabulary included: median wall time of a full
+metadata read, each run on a file already in the page cache.
+
+    .venv/bin/pip install gguf && .venv/bin/python scripts/measure_gguf_reader.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from edge_spec.gguf import read_metadata
+from edge_spec.models import resolve
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    import gguf  # not a dependency of edge_spec: installed for this comparison
+
+    for name in ("smollm2-135m-f16", "gemma3-270m-f16"):
+        path = resolve(name, progress=False)
+        read_metadata(path)  # page the file in
+        ours = timed(lambda p=path: read_metadata(p), 5)
+        theirs = timed(lambda p=path: gguf.GGUFReader(p), 3)
+        print(
+            f"{name}: edge_spec.gguf.read_metadata {ours * 1e3:.0f} ms, "
+            f"gguf {gguf.__name__} GGUFReader {theirs * 1e3:.0f} ms ({theirs / ours:.0f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()
