@@ -89,10 +89,12 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def cmake_args() -> list[str]:
-    """CMake flags for this machine; user CMAKE_ARGS are appended and win."""
+def cmake_args(batch_invariant: bool = False) -> list[str]:
+    """CMake flags for this machine; user CMAKE_ARGS are appended and win. batch_invariant:
+    without tinyBLAS (GGML_LLAMAFILE), so that a CPU build computes a position's logits the
+    same alone and inside a batch (F16/Q8_0 models), at the cost of slower long batches."""
     system, machine = platform.system(), platform.machine().lower()
-    args: list[str] = []
+    args: list[str] = ["-DGGML_LLAMAFILE=OFF"] if batch_invariant else []
     if system == "Darwin" and machine == "arm64":
         args.append("-DGGML_METAL=on")
     elif has_nvidia_gpu():
@@ -130,8 +132,8 @@ def ensure_venv() -> Path:
     return py
 
 
-def ensure_llama_cpp(py: Path) -> None:
-    args = cmake_args()
+def ensure_llama_cpp(py: Path, batch_invariant: bool = False) -> None:
+    args = cmake_args(batch_invariant)
     key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:12]
     stamp = VENV / ".llama_cpp_build.json"
     want = {"version": LLAMA_CPP_VERSION, "cmake_args": args}
@@ -226,15 +228,23 @@ def main() -> None:
     ap.add_argument("--extras", default="", help="comma-separated extras, e.g. test")
     ap.add_argument("--print-cmake-args", action="store_true")
     ap.add_argument("--no-models", action="store_true", help="skip model preparation and smoke")
+    ap.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        default=os.environ.get("EDGE_SPEC_BATCH_INVARIANT") == "1",
+        help="build llama.cpp without tinyBLAS: on a CPU, greedy and seeded output is then the "
+        "same bit for bit whatever was drafted (F16/Q8_0 targets), but long verifications are "
+        "slower (default: $EDGE_SPEC_BATCH_INVARIANT=1, else off)",
+    )
     opts = ap.parse_args()
     if opts.print_cmake_args:
-        print(" ".join(cmake_args()))
+        print(" ".join(cmake_args(opts.batch_invariant)))
         return
     py = ensure_venv()
     if installed_version(py, "pip") and not (VENV / ".pip_upgraded").exists():
         run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
         (VENV / ".pip_upgraded").touch()
-    ensure_llama_cpp(py)
+    ensure_llama_cpp(py, opts.batch_invariant)
     ensure_project(py, opts.extras)
     if not opts.no_models:
         prepare_models(py)

@@ -244,3 +244,7 @@ def test_same_seed_same_text_with_the_session_on_off_and_after_other_requests(
         # Measured here: 10 of 16 identical, the 6 others at two draws whose margins were 0.003
         # and 0.007.
         assert identical >= len(runs) // 2, identical
+        from edge_spec.backend import llama_build
+
+        if "LLAMAFILE = 1" not in llama_build():  # a batch-invariant build: no near ties move
+            assert identical == len(runs), identical
