@@ -261,7 +261,7 @@ class EdgeSpec:
             self.close()
             raise
         if self.chat_template.source == "fallback":
-            log.warning(
+            log.info(
                 "%s has no chat template; chats use the built-in %s template",
                 self.target_path.name,
                 self.chat_template.name,

@@ -214,31 +214,37 @@ class ChatSession:
         )
 
     def turn(self, text: str) -> None:
-        messages = self._fit([*self.history, {"role": "user", "content": text}])
-        if messages is None:
-            return
+        """One exchange. Ctrl-C anywhere in it (fitting the history included) stops it between
+        two decode steps, so the engine and both KV caches stay consistent."""
         pieces: list[str] = []
         result = None
-        stream = self.spec.stream_chat(messages, self.config)
-        try:
-            with _sigint_flag() as interrupted:
+        with _sigint_flag() as interrupted:
+            messages = self._fit([*self.history, {"role": "user", "content": text}])
+            if messages is None:
+                return
+            if interrupted():
+                self.term.notice("stopped before the answer began")
+                return
+            stream = self.spec.stream_chat(messages, self.config)
+            try:
                 for delta in stream:
+                    if interrupted():
+                        break
                     self.term.answer(delta.spans)
                     pieces.append(delta.text)
                     result = delta.result
-                    if interrupted():
-                        break
-        except EdgeSpecError as exc:
-            self.term.line()
-            self.term.notice(f"error: {exc}")
-            return
-        finally:
-            stream.close()
+            except EdgeSpecError as exc:
+                self.term.line()
+                self.term.notice(f"error: {exc}")
+                return
+            finally:
+                stream.close()
         self.term.line()
-        self.history = [
-            *messages[len(self.system) :],
-            {"role": "assistant", "content": "".join(pieces)},
-        ]
+        answer = "".join(pieces)
+        if result is None and not answer:
+            self.term.notice("stopped before the answer began")
+            return
+        self.history = [*messages[len(self.system) :], {"role": "assistant", "content": answer}]
         if result is None:
             self.term.notice(
                 f"stopped; the partial answer ({len(''.join(pieces))} characters) is kept"

@@ -17,8 +17,9 @@ import numpy as np
 from .backend import LlamaModel
 from .drafts import NO_DRAFT, Draft, DraftSource, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
+from .keys import SampleKeys
 from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
-from .sampling import SampleKeys, SamplingParams
+from .sampling import SamplingParams
 from .verify import Verdict, verify_greedy, verify_keyed
 
 log = logging.getLogger(__name__)

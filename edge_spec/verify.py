@@ -2,7 +2,7 @@
 
 The engine uses the two matching verifiers, greedy (T = 0) and keyed (T > 0): the target's
 token at each row is its own choice -- its argmax, or its draw with the request's keys for that
-position (sampling.SampleKeys) -- and draft tokens are kept while they equal it. Output then
+position (keys.SampleKeys) -- and draft tokens are kept while they equal it. Output then
 depends on the target's rows and the seed alone, never on what was drafted. Rejection sampling
 stays as the reference that keyed acceptance is measured against (scripts/measure_keyed.py).
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_spec.sampling import LazyProbs, SampleKeys, SamplingParams, argmax, sample
+from edge_spec.keys import SampleKeys
+from edge_spec.sampling import LazyProbs, SamplingParams, argmax, sample
 
 __all__ = ["Verdict", "verify_greedy", "verify_keyed", "verify_rejection"]
 

@@ -17,8 +17,9 @@ import argparse
 import numpy as np
 
 from edge_spec.backend import LlamaModel, llama_build
+from edge_spec.keys import SampleKeys
 from edge_spec.models import resolve
-from edge_spec.sampling import SampleKeys, SamplingParams, weights_from_logits
+from edge_spec.sampling import SamplingParams, weights_from_logits
 
 TEXT = (
     "The water cycle, explained for a school textbook. Water evaporates from the oceans, rises "

@@ -52,6 +52,17 @@ def table(folder: Path, temperature: float) -> str:
     speeds = ", ".join(f"{s['strategy']} {s['tokens_per_s']:.1f}" for s in overall)
     lines.append("")
     lines.append(f"Tokens/s overall: {speeds}. Command: `{record['command']}`")
+    overheads = [
+        f"{s['strategy']} {s['overhead_per_step_ms']:.2f} ms ({100 * s['overhead_fraction']:.1f} %)"
+        for s in overall
+        if s.get("overhead_fraction")
+    ]
+    if overheads:
+        lines.append("")
+        lines.append(
+            "Orchestration overhead per step (wall time outside llama_decode, share of the "
+            "decode wall time): " + ", ".join(overheads) + "."
+        )
     return "\n".join(lines) + "\n"
 
 

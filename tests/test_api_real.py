@@ -179,7 +179,8 @@ LOGIT_NOISE = 0.1
 def _near_tie(spec: EdgeSpec, context: list[int], tokens: tuple[int, ...], cfg) -> bool:
     """Whether the keyed draw of tokens[-1] after `context` was within reach of batching noise:
     replays the target alone (one token per decode) up to it and asks the draw's margin."""
-    from edge_spec.sampling import SampleKeys, weights_from_logits
+    from edge_spec.keys import SampleKeys
+    from edge_spec.sampling import weights_from_logits
 
     target = spec.target
     target.reset()

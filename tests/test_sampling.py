@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import InvalidRequestError
+from edge_spec.keys import SampleKeys
 from edge_spec.sampling import (
     LazyProbs,
-    SampleKeys,
     SamplingParams,
     argmax,
     make_rng,

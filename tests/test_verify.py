@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
 
+from edge_spec.keys import SampleKeys
 from edge_spec.sampling import (
     LazyProbs,
-    SampleKeys,
     SamplingParams,
     argmax,
     make_rng,

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..sampling import SampleKeys, SamplingParams
+from ..keys import SampleKeys
+from ..sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import LlamaModel, common_prefix
-from ..sampling import SampleKeys, SamplingParams, argmax
+from ..keys import SampleKeys
+from ..sampling import SamplingParams, argmax
 from .base import NO_DRAFT, Draft, KeepDrafting
 
 

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..keys import SampleKeys
 from ..policy import NO_MATCH, NgramCandidate
-from ..sampling import SampleKeys, SamplingParams
+from ..sampling import SamplingParams
 from .base import Draft, KeepDrafting
 
 MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
