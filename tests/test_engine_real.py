@@ -198,4 +198,11 @@ def test_stats_are_consistent(spec: EdgeSpec) -> None:
     assert list(s.accepted_per_position) == sorted(s.accepted_per_position, reverse=True)
     assert s.tokens_per_s > 0 and s.verify_s > 0 and s.draft_s > 0
     assert s.prefill_s + s.draft_s + s.verify_s + s.other_s == pytest.approx(s.total_s, rel=1e-6)
+    # The decode wall time splits into llama_decode (both models) and the runtime's own work.
+    assert 0 < s.decode_s < s.draft_s + s.verify_s
+    assert s.decode_s + s.overhead_s == pytest.approx(s.total_s - s.prefill_s, rel=1e-6)
+    assert 0 < s.overhead_fraction < 1
+    assert s.overhead_per_step_s == pytest.approx(s.overhead_s / s.n_steps)
+    assert sum(s.drafted_by_source.values()) == s.n_drafted
+    assert sum(s.accepted_by_source.values()) == s.n_accepted
     assert result.text == spec.target.detokenize(result.token_ids)

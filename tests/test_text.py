@@ -53,3 +53,16 @@ def test_first_of_several_stop_strings_wins() -> None:
     assembler = TextAssembler(stop=["\n\n", "Q:"])
     feed_all(assembler, [b"answer Q: next\n\nmore"])
     assert assembler.text == "answer "
+
+
+def test_spans_mark_the_characters_accepted_drafts_gave() -> None:
+    assembler = TextAssembler(stop=["END"])
+    assembler.feed(b"The ", from_draft=False)
+    assembler.feed(b"quick ", from_draft=True)
+    assembler.feed("brown €".encode()[:-1], from_draft=True)  # the euro sign is incomplete
+    assert assembler.take_ready_spans() == [("The ", False), ("quick brown ", True)]
+    assembler.feed("€".encode()[-1:] + b" E", from_draft=False)  # completes it; "E" held back
+    assert assembler.take_ready_spans() == [("€ ", False)]
+    assert assembler.feed(b"ND tail", from_draft=True)  # the stop string: cut before it
+    assert assembler.finish_spans() == []
+    assert assembler.text == "The quick brown € "

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Per-prompt speed of each strategy over the target alone in a bench run: the geometric mean
+over prompts, the slowest prompts, and how many fall below a bar. A prompt's ratio pools its
+repeats (tokens over seconds, summed), as the bench's own summaries do.
+
+    python3 scripts/prompt_ratios.py bench/results/issue12-chat-pair --bar 0.95
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--bar", type=float, default=0.95, help="report prompts below this")
+    parser.add_argument("--worst", type=int, default=3, help="how many slowest prompts to list")
+    args = parser.parse_args()
+    runs = json.loads((args.folder / "results.json").read_text())["runs"]
+    totals: dict[tuple[float, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for run in runs:
+        key = (run["temperature"], run["strategy"], run["prompt_id"])
+        totals[key][0] += run["n_generated"]
+        totals[key][1] += run["decode_s"]
+    for temperature in sorted({t for t, _, _ in totals}):
+        strategies = sorted({s for t, s, _ in totals if t == temperature and s != "target"})
+        for strategy in strategies:
+            ratios = {}
+            for (t, s, prompt), (tokens, seconds) in totals.items():
+                if t != temperature or s != strategy:
+                    continue
+                base_tokens, base_seconds = totals[(t, "target", prompt)]
+                ratios[prompt] = (tokens / seconds) / (base_tokens / base_seconds)
+            gmean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+            worst = sorted(ratios.items(), key=lambda item: item[1])[: args.worst]
+            below = sum(r < args.bar for r in ratios.values())
+            print(
+                f"T={temperature:g} {strategy}: {len(ratios)} prompts, geometric mean "
+                f"{gmean:.3f}x, below {args.bar:g}x: {below}; slowest: "
+                + ", ".join(f"{p} {r:.3f}x" for p, r in worst)
+            )
+
+
+if __name__ == "__main__":
+    main()
