@@ -68,6 +68,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="a bench results folder (T = 0, with ngram-cost)")
     ap.add_argument("--k-max", type=int, default=16)
+    ap.add_argument("--strategy", default=None, help="the run's n-gram strategy: ngram-cost, ngram")
+    ap.add_argument("--worst", type=int, default=0, help="list the N slowest prompts, replayed")
+    ap.add_argument("--request-scale", type=float, default=None, help="CostModelK's weight")
     args = ap.parse_args()
     record = json.loads((args.folder / "results.json").read_text(encoding="utf-8"))
     cc = record["cost_curve"]
@@ -75,7 +78,11 @@ def main() -> int:
     summaries = {
         (s["category"], s["strategy"]): s for s in record["summaries"] if not s["temperature"]
     }
-    everything = summaries.get(("all", "ngram-cost"))
+    strategy = args.strategy or next(
+        (name for name in ("ngram-cost", "ngram") if ("all", name) in summaries), "ngram-cost"
+    )
+    chat = bool(record.get("settings", {}).get("chat"))
+    everything = summaries.get(("all", strategy))
     overhead_s = 0.0
     if everything:
         split = everything["time_split_s"]
@@ -88,13 +95,19 @@ def main() -> int:
     prompts = [p for p in load_prompts() if p.id in truth]
     target = Path(record["target"]).stem  # the run's model, by its name in the manifest
     with EdgeSpec(target, None, draft_mode="none", config=EngineConfig(n_ctx=2048)) as spec:
-        ids = {p.id: spec.tokenize(p.completion) for p in prompts}
-    policy = CostModelK(curve, k_max=args.k_max)
+        ids = {
+            p.id: spec.tokenize(spec.render_chat(p.messages) if chat else p.completion)
+            for p in prompts
+        }
+    options = {} if args.request_scale is None else {"request_scale_weight": args.request_scale}
+    policy = CostModelK(curve, k_max=args.k_max, **options)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    per_prompt = {}
     for p in prompts:
         n, replayed_s = walk(ids[p.id], truth[p.id], curve, overhead_s, policy, k_max=args.k_max)
         _, bound_s = walk(ids[p.id], truth[p.id], curve, overhead_s, None, True, args.k_max)
         plain_s = n * (curve.t(1) + overhead_s)
+        per_prompt[p.id] = plain_s / replayed_s
         for key in (p.category, p.kind, "all"):
             for i, value in enumerate((plain_s, replayed_s, bound_s)):
                 totals[key][i] += value
@@ -104,9 +117,12 @@ def main() -> int:
     order = sorted(totals, key=lambda key: (key == "all", key in kinds))  # categories, kinds, all
     for key in order:
         plain_s, replayed_s, bound_s = totals[key]
-        measured = summaries.get((key, "ngram-cost"), {}).get("speedup")
+        measured = summaries.get((key, strategy), {}).get("speedup")
         shown = f"{measured:.2f}x" if measured else "-"
         print(f"{key:<18} {plain_s / replayed_s:>8.2f}x {shown:>9} {plain_s / bound_s:>11.2f}x")
+    if args.worst:
+        worst = sorted(per_prompt.items(), key=lambda item: item[1])[: args.worst]
+        print("slowest, replayed: " + ", ".join(f"{p} {r:.3f}x" for p, r in worst))
     return 0
 
 
