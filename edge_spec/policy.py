@@ -296,59 +296,26 @@ class AcceptanceEstimate:
                 self._accepted[i] += one
 
 
-class RequestScale:
-    """How this request's text compares with the shared experience, over every n-gram bucket at
-    once: accepted tokens over what the shared estimates predicted for them, shrunk to 1 with
-    `weight` pseudo-tokens. A short answer gives each bucket a handful of observations, too few
-    to learn from bucket by bucket; together they say within a few steps that this text (a
-    math answer that only reuses numbers, say) accepts less than the average one."""
-
-    def __init__(self, weight: float) -> None:
-        self.weight = weight
-        self.predicted = 0.0
-        self.accepted = 0.0
-
-    @property
-    def factor(self) -> float:
-        if self.weight <= 0:
-            return 1.0
-        return (self.accepted + self.weight) / (self.predicted + self.weight)
-
-    def observe(self, predicted: float, accepted: int) -> None:
-        self.predicted += predicted
-        self.accepted += accepted
-
-
 class RequestEstimate:
     """A request's own acceptance, shrunk towards a shared estimate: the shared one carries what
-    was learned across requests (scaled by the request's RequestScale, when given), this one
-    follows the text at hand (code being copied, or prose that does not repeat) within a few
-    steps. Evidence goes to both."""
+    was learned across requests, this one follows the text at hand (code being copied, or prose
+    that does not repeat) within a few steps. Evidence goes to both."""
 
-    def __init__(
-        self, shared: AcceptanceEstimate, weight: float = 3.0, scale: RequestScale | None = None
-    ) -> None:
+    def __init__(self, shared: AcceptanceEstimate, weight: float = 3.0) -> None:
         self.shared = shared
         self.weight = weight
-        self.scale = scale
         n = len(shared.reached)
         self.accepted = [0.0] * n
         self.reached = [0.0] * n
 
     def alphas(self, k: int) -> list[float]:
         w, n = self.weight, len(self.reached)
-        f = self.scale.factor if self.scale is not None else 1.0
         return [
-            (self.accepted[i] + w * min(g * f, 0.99)) / (self.reached[i] + w)
-            if i < n
-            else min(g * f, 0.99)
+            (self.accepted[i] + w * g) / (self.reached[i] + w) if i < n else g
             for i, g in enumerate(self.shared.alphas(k))
         ]
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        if self.scale is not None:
-            reached = min(n_drafted, n_accepted + 1)
-            self.scale.observe(sum(self.shared.alphas(reached)), min(n_accepted, reached))
         self.shared.observe(n_drafted, n_accepted)
         for i in range(min(n_drafted, n_accepted + 1, len(self.reached))):
             self.reached[i] += 1.0
@@ -543,7 +510,6 @@ class CostModelK:
         probe_budget: float = 0.02,
         forget_rate: float = 0.99,
         margin: float = 0.05,
-        request_scale_weight: float = 0.0,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
@@ -555,7 +521,6 @@ class CostModelK:
         # Drafting must beat a plain step by this much: acceptance estimates are noisy and a
         # wrong guess costs a whole batch, while skipping a marginal draft costs little.
         self.margin = margin
-        self.request_scale_weight = request_scale_weight
         n = max(k_max, 1)
         self.model = AcceptanceEstimate(prior["model"], n, decay)
         # Longer and unanimous matches predict acceptance better: separate estimates.
@@ -579,10 +544,7 @@ class CostModelK:
         self._k_plan = 0
         self._alphas: list[float] = []
         self._reach = 1.0  # P(every model token so far this step is accepted)
-        self._ngram_scale = RequestScale(self.request_scale_weight)
-        self._ngram_request = {
-            m: RequestEstimate(shared, scale=self._ngram_scale) for m, shared in self.ngram.items()
-        }
+        self._ngram_request = {m: RequestEstimate(shared) for m, shared in self.ngram.items()}
 
     def _bucket(self, match_len: int, consensus: Consensus = "one") -> RequestEstimate:
         m = max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))

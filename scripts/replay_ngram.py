@@ -70,7 +70,6 @@ def main() -> int:
     ap.add_argument("--k-max", type=int, default=16)
     ap.add_argument("--strategy", default=None, help="the run's n-gram strategy: ngram-cost, ngram")
     ap.add_argument("--worst", type=int, default=0, help="list the N slowest prompts, replayed")
-    ap.add_argument("--request-scale", type=float, default=None, help="CostModelK's weight")
     args = ap.parse_args()
     record = json.loads((args.folder / "results.json").read_text(encoding="utf-8"))
     cc = record["cost_curve"]
@@ -99,8 +98,7 @@ def main() -> int:
             p.id: spec.tokenize(spec.render_chat(p.messages) if chat else p.completion)
             for p in prompts
         }
-    options = {} if args.request_scale is None else {"request_scale_weight": args.request_scale}
-    policy = CostModelK(curve, k_max=args.k_max, **options)
+    policy = CostModelK(curve, k_max=args.k_max)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     per_prompt = {}
     for p in prompts:
