@@ -32,8 +32,33 @@ from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
 from edge_spec.policy import CostCurve, CostModelK, StepOutcome  # noqa: E402
 
 
-def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16):
-    """(tokens, replayed seconds) for one prompt; policy None with clairvoyant=True."""
+def fitted_curve(runs, profile: CostCurve) -> CostCurve:
+    """t(n) fitted to the run's own steps (least squares of each run's time inside llama_decode
+    on its histogram of k): what verification really cost in the run, where the profile only
+    predicted it. Sizes the run never used keep the profile's ratio to t(1)."""
+    import numpy as np
+
+    rows, seconds = [], []
+    for r in runs:
+        if r.get("llama_decode_s") and r["k_chosen"]:
+            x = np.zeros(len(profile.verify_s))
+            for k, count in enumerate(r["k_chosen"][: len(x)]):
+                x[k] = count
+            rows.append(x)
+            seconds.append(r["llama_decode_s"])
+    a = np.array(rows)
+    used = a.sum(axis=0) >= 50  # sizes seen often enough to fit
+    fit, *_ = np.linalg.lstsq(a[:, used], np.array(seconds), rcond=None)
+    values = [profile.t(n) * fit[0] / profile.t(1) for n in range(1, len(profile.verify_s) + 1)]
+    for n, value in zip(np.flatnonzero(used) + 1, fit):
+        values[n - 1] = float(value)
+    return CostCurve(tuple(values), profile.draft_token_s, profile.ngram_s)
+
+
+def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16, charge=None):
+    """(tokens, replayed seconds) for one prompt; policy None with clairvoyant=True. Steps are
+    charged at `charge` (default: curve, the one the policy plans with)."""
+    charge = charge or curve
     draft = NgramDraft(3, 1)
     draft.begin(prompt)
     if policy is not None:
@@ -51,7 +76,7 @@ def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16):
             k = plan.k if plan.source == "ngram" else 0
         accepted = min(k, agree)
         produced = tuple(truth[pos : pos + accepted + 1])
-        verify_s = curve.t(k + 1)
+        verify_s = charge.t(k + 1)
         time_s += verify_s + overhead_s
         if policy is not None:
             source = "ngram" if k else "none"
@@ -70,10 +95,27 @@ def main() -> int:
     ap.add_argument("--k-max", type=int, default=16)
     ap.add_argument("--strategy", default=None, help="the run's n-gram strategy: ngram-cost, ngram")
     ap.add_argument("--worst", type=int, default=0, help="list the N slowest prompts, replayed")
+    ap.add_argument("--ngram-prior", type=float, default=None, help="CostModelK's n-gram prior")
+    ap.add_argument(
+        "--fitted",
+        choices=("charge", "both"),
+        default=None,
+        help="charge steps at t(n) fitted to the run's own steps; 'both': plan with it too",
+    )
+    ap.add_argument(
+        "--fresh", action="store_true", help="a new policy per prompt (a process per request)"
+    )
     args = ap.parse_args()
     record = json.loads((args.folder / "results.json").read_text(encoding="utf-8"))
     cc = record["cost_curve"]
     curve = CostCurve(tuple(cc["verify_s"]), cc["draft_token_s"], cc["ngram_s"])
+    charge = None
+    if args.fitted:
+        t0_runs = [r for r in record["runs"] if not r["temperature"]]
+        charge = fitted_curve(t0_runs, curve)
+        print("fitted t(n) ms:", " ".join(f"{t * 1e3:.1f}" for t in charge.verify_s[:8]))
+        if args.fitted == "both":
+            curve = charge
     summaries = {
         (s["category"], s["strategy"]): s for s in record["summaries"] if not s["temperature"]
     }
@@ -98,13 +140,20 @@ def main() -> int:
             p.id: spec.tokenize(spec.render_chat(p.messages) if chat else p.completion)
             for p in prompts
         }
-    policy = CostModelK(curve, k_max=args.k_max)
+    prior = None if args.ngram_prior is None else {"ngram": args.ngram_prior}
+    policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     per_prompt = {}
     for p in prompts:
-        n, replayed_s = walk(ids[p.id], truth[p.id], curve, overhead_s, policy, k_max=args.k_max)
-        _, bound_s = walk(ids[p.id], truth[p.id], curve, overhead_s, None, True, args.k_max)
-        plain_s = n * (curve.t(1) + overhead_s)
+        if args.fresh:
+            policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior)
+        n, replayed_s = walk(
+            ids[p.id], truth[p.id], curve, overhead_s, policy, k_max=args.k_max, charge=charge
+        )
+        _, bound_s = walk(
+            ids[p.id], truth[p.id], charge or curve, overhead_s, None, True, args.k_max
+        )
+        plain_s = n * ((charge or curve).t(1) + overhead_s)
         per_prompt[p.id] = plain_s / replayed_s
         for key in (p.category, p.kind, "all"):
             for i, value in enumerate((plain_s, replayed_s, bound_s)):
