@@ -488,6 +488,16 @@ class CostModelK:
     tokens' expected tokens per second, with acceptance calibrated on the draft's own
     confidences, fall below the rate the plan expects.
 
+    Every plan is also bounded by what it may lose (the request's risk ledger): a draft whose
+    every token is rejected costs its extra verification (and the model's draft decodes) for
+    nothing, so a source drafts k tokens only while that worst case stays within `risk_floor`
+    plain steps plus `risk_rate` of the plain time so far, plus whatever drafting has gained in
+    this request (risk_floor=None turns the ledger off). A request therefore starts with short
+    drafts (k = 1 on a CPU, where a second verified token costs ~40 % of a step; longer on flat
+    GPU curves) and lengthens them as they pay, and one whose drafts keep failing stays within
+    a few per cent of the target alone however wrong the acceptance estimates or the cost curve
+    are: the ledger is kept in measured seconds.
+
     Evidence stays fresh three ways. When outcomes carry the produced tokens, every step
     scores the n-gram candidate against them, whichever source drafted (free evidence). A
     model that stops being chosen is probed with k = 1 after 8, 16, ... 128 steps without it
@@ -510,6 +520,8 @@ class CostModelK:
         probe_budget: float = 0.02,
         forget_rate: float = 0.99,
         margin: float = 0.05,
+        risk_floor: float | None = 0.5,
+        risk_rate: float = 0.04,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
@@ -521,6 +533,7 @@ class CostModelK:
         # Drafting must beat a plain step by this much: acceptance estimates are noisy and a
         # wrong guess costs a whole batch, while skipping a marginal draft costs little.
         self.margin = margin
+        self.risk_floor, self.risk_rate = risk_floor, risk_rate
         n = max(k_max, 1)
         self.model = AcceptanceEstimate(prior["model"], n, decay)
         # Longer and unanimous matches predict acceptance better: separate estimates.
@@ -545,6 +558,29 @@ class CostModelK:
         self._alphas: list[float] = []
         self._reach = 1.0  # P(every model token so far this step is accepted)
         self._ngram_request = {m: RequestEstimate(shared) for m, shared in self.ngram.items()}
+        self._lost_s = 0.0  # measured seconds drafting lost (negative: gained) this request
+        self._plain_s = 0.0  # what the tokens produced so far take as plain steps
+
+    def _risk_caps(self, k_cap: int) -> dict[SourceName, int]:
+        """Per draft source, the largest k whose total loss (every token rejected) stays within
+        the request's allowance (k_cap for every source when the ledger is off)."""
+        if self.risk_floor is None:
+            return dict.fromkeys(DRAFT_SOURCES, k_cap)
+        c = self.costs
+        t1 = c.t(1)
+        allowance = self.risk_floor * t1 + self.risk_rate * self._plain_s - self._lost_s
+        caps: dict[SourceName, int] = {}
+        for source in DRAFT_SOURCES:
+            k = 0
+            while k < k_cap:
+                extra = c.t(k + 2) - t1
+                if source == "model":
+                    extra += c.draft_s(k + 1, self.n_fresh)
+                if extra > allowance:
+                    break
+                k += 1
+            caps[source] = k
+        return caps
 
     def _bucket(self, match_len: int, consensus: Consensus = "one") -> RequestEstimate:
         m = max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))
@@ -565,19 +601,28 @@ class CostModelK:
         return best_k, best_rate
 
     def options(
-        self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
+        self,
+        sources: Sequence[SourceName],
+        k_cap: int,
+        ngram: NgramCandidate | None,
+        caps: Mapping[SourceName, int] | None = None,
     ) -> dict[SourceName, tuple[int, float]]:
-        """Each available source's best (k, expected tokens/s) now; "none" is (0, 1 / t(1))."""
+        """Each available source's best (k, expected tokens/s) now, k within `caps` where given
+        (plan() passes the risk ledger's); "none" is (0, 1 / t(1))."""
         c = self.costs
         out: dict[SourceName, tuple[int, float]] = {"none": (0, 1.0 / (c.overhead_s + c.t(1)))}
         k_cap = min(k_cap, self.k_max)
-        if "model" in sources and k_cap > 0:
+        caps = caps or {}
+        model_cap = min(k_cap, caps.get("model", k_cap))
+        if "model" in sources and model_cap > 0:
             # draft_s(k) = fixed part (the re-decode batch) + (k - 1) single decodes.
             per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
             fixed = c.overhead_s + c.draft_s(1, self.n_fresh) - per_token
-            out["model"] = self._best_k(self.model.alphas(k_cap), k_cap, fixed, per_token)
-        if "ngram" in sources and ngram is not None and ngram.tokens and k_cap > 0:
-            cap = min(k_cap, len(ngram.tokens))
+            alphas = self.model.alphas(model_cap)
+            out["model"] = self._best_k(alphas, model_cap, fixed, per_token)
+        ngram_cap = min(k_cap, caps.get("ngram", k_cap))
+        if "ngram" in sources and ngram is not None and ngram.tokens and ngram_cap > 0:
+            cap = min(ngram_cap, len(ngram.tokens))
             alphas = self._bucket(ngram.match_len, ngram.consensus).alphas(cap)
             out["ngram"] = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
         return out
@@ -585,7 +630,8 @@ class CostModelK:
     def plan(
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
     ) -> StepPlan:
-        options = self.options(sources, k_cap, ngram)
+        caps = self._risk_caps(min(k_cap, self.k_max))
+        options = self.options(sources, k_cap, ngram, caps)
         source: SourceName = max(
             options, key=lambda s: options[s][1] / (1.0 if s == "none" else 1.0 + self.margin)
         )
@@ -595,6 +641,8 @@ class CostModelK:
             self.probes[name].pending = False
         if source != "model":
             probe = self._probe(sources, k_cap, ngram, source, rate)
+            if probe is not None and caps[probe] < 1:
+                probe = None
             if probe is not None:
                 source, k = probe, 1
                 self.probes[probe].pending = True
@@ -603,7 +651,7 @@ class CostModelK:
         self._k_plan = k if source != "none" else 0
         if source == "model" and not self.probes["model"].pending:
             # The cap: keep_drafting() decides where the draft really stops.
-            self._k_plan = min(k_cap, self.k_max)
+            self._k_plan = min(k_cap, self.k_max, caps["model"])
         self._alphas = self.model.alphas(self._k_plan) if source == "model" else []
         return StepPlan(source, self._k_plan) if self._k_plan > 0 else PLAIN
 
@@ -661,6 +709,7 @@ class CostModelK:
         return False
 
     def update(self, outcome: StepOutcome) -> None:
+        self._keep_ledger(outcome)
         self.costs.observe(outcome, self.n_fresh)
         self.n_fresh = model_lag_after(self.n_fresh, outcome)
         used = outcome.source if outcome.n_drafted > 0 else "none"
@@ -703,6 +752,18 @@ class CostModelK:
             else:
                 probe.since += 1
             probe.pending = False
+
+    def _keep_ledger(self, outcome: StepOutcome) -> None:
+        """What the step's drafting lost against plain steps, in measured seconds (the lookup
+        every step pays, drafting or not, is not the draft's)."""
+        t1 = self.costs.t(1)
+        produced = outcome.n_accepted + 1
+        self._plain_s += produced * t1
+        if outcome.n_drafted > 0:
+            spent = outcome.verify_s
+            if outcome.source == "model":
+                spent += max(outcome.draft_s - self.costs.overhead_s, 0.0)
+            self._lost_s += spent - produced * t1
 
     def _next_interval(
         self, source: SourceName, interval: int, outcome: StepOutcome, consensus: Consensus

@@ -33,25 +33,23 @@ from edge_spec.policy import CostCurve, CostModelK, StepOutcome  # noqa: E402
 
 
 def fitted_curve(runs, profile: CostCurve) -> CostCurve:
-    """t(n) fitted to the run's own steps (least squares of each run's time inside llama_decode
-    on its histogram of k): what verification really cost in the run, where the profile only
-    predicted it. Sizes the run never used keep the profile's ratio to t(1)."""
+    """t(n) fitted to the run's own steps: t(1) from the target alone's runs (time inside
+    llama_decode per step), and one factor beta on the profile's extra cost of a larger batch,
+    t(n) = t(1) + beta * (profile t(n) - profile t(1)), least squares over every other run's
+    histogram of k. One parameter, because runs use most sizes too rarely to fit each."""
     import numpy as np
 
-    rows, seconds = [], []
+    plain = [r for r in runs if r.get("llama_decode_s") and len(r["k_chosen"]) == 1]
+    t1 = sum(r["llama_decode_s"] for r in plain) / sum(r["k_chosen"][0] for r in plain)
+    n_max = len(profile.verify_s)
+    extra, rest = [], []
     for r in runs:
-        if r.get("llama_decode_s") and r["k_chosen"]:
-            x = np.zeros(len(profile.verify_s))
-            for k, count in enumerate(r["k_chosen"][: len(x)]):
-                x[k] = count
-            rows.append(x)
-            seconds.append(r["llama_decode_s"])
-    a = np.array(rows)
-    used = a.sum(axis=0) >= 50  # sizes seen often enough to fit
-    fit, *_ = np.linalg.lstsq(a[:, used], np.array(seconds), rcond=None)
-    values = [profile.t(n) * fit[0] / profile.t(1) for n in range(1, len(profile.verify_s) + 1)]
-    for n, value in zip(np.flatnonzero(used) + 1, fit):
-        values[n - 1] = float(value)
+        if r.get("llama_decode_s") and len(r["k_chosen"]) > 1:
+            counts = r["k_chosen"][:n_max]
+            extra.append(sum(c * (profile.t(k + 1) - profile.t(1)) for k, c in enumerate(counts)))
+            rest.append(r["llama_decode_s"] - t1 * sum(counts))
+    beta = float(np.dot(extra, rest) / np.dot(extra, extra))
+    values = [t1 + beta * (profile.t(n) - profile.t(1)) for n in range(1, n_max + 1)]
     return CostCurve(tuple(values), profile.draft_token_s, profile.ngram_s)
 
 
@@ -97,6 +95,11 @@ def main() -> int:
     ap.add_argument("--worst", type=int, default=0, help="list the N slowest prompts, replayed")
     ap.add_argument("--ngram-prior", type=float, default=None, help="CostModelK's n-gram prior")
     ap.add_argument(
+        "--risk-floor",
+        default="0.5",
+        help="CostModelK's risk_floor in plain steps ('none': the ledger off)",
+    )
+    ap.add_argument(
         "--fitted",
         choices=("charge", "both"),
         default=None,
@@ -141,12 +144,13 @@ def main() -> int:
             for p in prompts
         }
     prior = None if args.ngram_prior is None else {"ngram": args.ngram_prior}
-    policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior)
+    risk = {"risk_floor": None if args.risk_floor == "none" else float(args.risk_floor)}
+    policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior, **risk)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     per_prompt = {}
     for p in prompts:
         if args.fresh:
-            policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior)
+            policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior, **risk)
         n, replayed_s = walk(
             ids[p.id], truth[p.id], curve, overhead_s, policy, k_max=args.k_max, charge=charge
         )

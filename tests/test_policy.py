@@ -108,7 +108,7 @@ def test_cost_curve_extrapolates_and_models_the_draft_batch() -> None:
 
 
 def test_free_verifier_and_high_acceptance_pick_a_large_k() -> None:
-    policy = CostModelK(flat_costs(c=0.05), k_max=8, prior_alpha={"model": 0.95})
+    policy = CostModelK(flat_costs(c=0.05), k_max=8, prior_alpha={"model": 0.95}, risk_floor=None)
     k, rate = policy.options(MODEL_ONLY, 8, None)["model"]
     assert k == 8
     assert rate > 2 / flat_costs(0.05).t(1)
@@ -141,7 +141,7 @@ def test_this_cpu_with_alpha_082_and_c_054_decodes_plainly() -> None:
 
 def test_ngram_chosen_for_a_long_match_when_the_model_is_expensive() -> None:
     costs = cpu_costs(c=0.9)
-    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.8, "ngram": 0.6})
+    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.8, "ngram": 0.6}, risk_floor=None)
     long_match = NgramCandidate(tuple(range(8)), match_len=3)
     plan = policy.plan(("model", "ngram", "none"), 8, long_match)
     assert plan.source == "ngram" and 1 <= plan.k <= 8
@@ -160,12 +160,73 @@ def test_plans_respect_the_caps() -> None:
     assert policy.plan(("none",), 8, two) == PLAIN
 
 
+# ---- the risk ledger -------------------------------------------------------------------------
+
+
+def test_a_request_starts_with_a_draft_whose_worst_case_is_half_a_step() -> None:
+    """Shared evidence says long n-gram matches are right, but a new request may differ: on a
+    CPU (t(2) = 1.4 t(1)) its first draft is one token; on a flat curve it may be long."""
+    candidate = NgramCandidate(tuple(range(8)), match_len=6)
+    cpu = CostModelK(cpu_costs(), k_max=8, prior_alpha={"ngram": 0.9})
+    assert cpu.plan(("ngram", "none"), 8, candidate) == StepPlan("ngram", 1)
+    unbounded = CostModelK(cpu_costs(), k_max=8, prior_alpha={"ngram": 0.9}, risk_floor=None)
+    assert unbounded.plan(("ngram", "none"), 8, candidate).k > 1
+    flat = CostModelK(flat_costs(c=0.0), k_max=8, prior_alpha={"ngram": 0.9})
+    assert flat.plan(("ngram", "none"), 8, candidate) == StepPlan("ngram", 8)
+
+
+def test_drafts_lengthen_as_they_pay_within_the_request() -> None:
+    costs = cpu_costs()
+    policy = CostModelK(costs, k_max=8, prior_alpha={"ngram": 0.9})
+    candidate = NgramCandidate(tuple(range(8)), match_len=6)
+    ks = []
+    for _ in range(4):
+        plan = policy.plan(("ngram", "none"), 8, candidate)
+        ks.append(plan.k)
+        policy.update(outcome("ngram", plan.k, plan.k, costs, match_len=6))
+    assert ks[0] == 1 and ks[-1] == 8 and ks == sorted(ks)
+    policy.begin()  # a new request starts over
+    assert policy.plan(("ngram", "none"), 8, candidate).k == 1
+
+
+def test_failing_drafts_cost_at_most_the_allowance_whatever_the_estimates_say() -> None:
+    """Every draft of a 300-token request is rejected and verification costs 1.5x what the
+    curve says, while the shared estimates stay sure (no decay) and the matches keep changing
+    kind (each match length and consensus has its own estimate to disappoint): the request
+    loses at most the floor plus the rate of its time, plus one step."""
+
+    def run(risk_floor: float | None) -> tuple[float, float]:
+        costs = cpu_costs()
+        policy = CostModelK(
+            costs, k_max=8, prior_alpha={"ngram": 0.95}, decay=1.0, risk_floor=risk_floor
+        )
+        spent_s = 0.0
+        for i in range(300):
+            match_len = (1, 2, 3, 6, 12)[i % 5]
+            agreeing = (1, 2, 1)[(i // 5) % 3]  # one occurrence, all agreeing, split
+            candidate = NgramCandidate(tuple(range(8)), match_len, 2 if i // 5 % 3 else 1, agreeing)
+            plan = policy.plan(("ngram", "none"), 8, candidate)
+            verify_s = costs.t(plan.k + 1) * (1.5 if plan.k else 1.0)
+            spent_s += verify_s
+            policy.update(
+                outcome(plan.source, plan.k, 0, costs, match_len=match_len, verify_s=verify_s)
+            )
+        return spent_s - 300 * costs.t(1), 300 * costs.t(1)
+
+    lost_s, plain_s = run(0.5)
+    t1 = cpu_costs().t(1)
+    assert lost_s > 0  # it did try
+    assert lost_s <= 0.5 * t1 + 0.04 * plain_s + cpu_costs().t(9)
+    unbounded_lost_s, _ = run(None)
+    assert unbounded_lost_s > 2 * lost_s  # what the estimates alone would have lost
+
+
 # ---- early stop ------------------------------------------------------------------------------
 
 
 def test_early_stop_on_low_confidence() -> None:
     costs = cpu_costs(c=0.1)
-    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.9})
+    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.9}, risk_floor=None)
     plan = policy.plan(MODEL_ONLY, 8, None)
     assert plan.source == "model" and plan.k >= 4
     assert policy.keep_drafting(0, 0.99)
@@ -215,7 +276,9 @@ def test_probes_after_k0_and_notices_a_regime_change() -> None:
 
 def test_a_model_probe_is_skipped_while_the_draft_lags_far_on_a_cpu() -> None:
     costs = cpu_costs(c=0.54)
-    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.82})
+    # Without the risk ledger, which on a CPU keeps a request's first steps from a model draft
+    # anyway (its worst case costs more than half a plain step).
+    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.82}, risk_floor=None)
     for _ in range(60):  # plain steps: the draft's cache falls 60 tokens behind
         assert policy.plan(MODEL_ONLY, 8, None) == PLAIN
         policy.update(outcome("none", 0, 0, costs))
