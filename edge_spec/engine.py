@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import LlamaModel
-from .drafts import NO_DRAFT, Draft, DraftSource, NgramDraft
+from .drafts import NO_DRAFT, Draft, DraftSource, ModelDraft, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
 from .keys import SampleKeys
 from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
@@ -79,9 +79,13 @@ def run_steps(
 
     t0 = time.perf_counter()
     cached = target.sync(context[:-1])
-    for source in sources.values():
-        source.begin(context)
-    policy.begin()
+    model = sources.get("model")
+    for name, source in sources.items():
+        # A draft model the policy does not expect to use is not prefilled: the time to
+        # first token stays the target's own, and a later first draft catches up.
+        if name != "model" or policy.wants_model():
+            source.begin(context)
+    policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
     yield Prefill(len(prompt), cached, time.perf_counter() - t0)
 
     models = [target, *sources.values()]  # what spends time inside llama_decode

@@ -133,8 +133,15 @@ def model_lag_after(n_fresh: int, outcome: StepOutcome) -> int:
 class KPolicy(Protocol):
     name: str
 
-    def begin(self) -> None:
-        """A new request starts (estimates may carry over; per-request state resets)."""
+    def wants_model(self) -> bool:
+        """Asked before begin(): whether the model draft is likely to draft in the coming
+        request. The engine prefills the draft model with the prompt only then; otherwise the
+        draft's first proposal catches up, a cost the policy weighs (model_lag)."""
+
+    def begin(self, model_lag: int = 1) -> None:
+        """A new request starts (estimates may carry over; per-request state resets).
+        model_lag: how many tokens the model draft's first decode would cover (1 when its
+        cache holds the prompt)."""
 
     def plan(
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
@@ -187,7 +194,10 @@ class FixedK:
         self.source = source
         self.name = f"fixed-{source or 'auto'}-{k}" if source != "none" else "none"
 
-    def begin(self) -> None:
+    def wants_model(self) -> bool:
+        return self.k > 0 and self.source in (None, "model")
+
+    def begin(self, model_lag: int = 1) -> None:
         pass
 
     def plan(
@@ -551,8 +561,17 @@ class CostModelK:
 
     # ---- per request / per step state ----
 
-    def begin(self) -> None:
-        self.n_fresh = 1  # the draft model's cache is in sync after the engine's begin()
+    def wants_model(self) -> bool:
+        """Whether the model's best plan with its cache in sync beats a plain step now."""
+        c = self.costs
+        per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
+        fixed = c.overhead_s + c.draft_s(1, 1) - per_token
+        _, rate = self._best_k(self.model.alphas(self.k_max), self.k_max, fixed, per_token)
+        return self.k_max > 0 and rate > 1.0 / (c.overhead_s + c.t(1))
+
+    def begin(self, model_lag: int = 1) -> None:
+        # Tokens the model draft's next first decode covers: 1 when the engine prefilled it.
+        self.n_fresh = max(model_lag, 1)
         self._rate = 0.0  # tokens/s the current plan expects
         self._k_plan = 0
         self._alphas: list[float] = []

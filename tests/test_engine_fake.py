@@ -64,6 +64,59 @@ def test_model_draft_reuses_its_cache() -> None:
     assert draft_llama.n_decoded < 3 * len(out)
 
 
+class ModelLater(FixedK):
+    """Plain steps first, then the model: a policy that did not expect to draft with it."""
+
+    def __init__(self, k: int, plain_steps: int) -> None:
+        super().__init__(k, "model")
+        self.plain_steps = plain_steps
+        self.lags: list[int] = []
+
+    def wants_model(self) -> bool:
+        return False
+
+    def begin(self, model_lag: int = 1) -> None:
+        self.lags.append(model_lag)
+        self.n_steps = 0
+
+    def plan(self, sources, k_cap, ngram):
+        self.n_steps += 1
+        if self.n_steps <= self.plain_steps:
+            return FixedK(0).plan(sources, k_cap, ngram)
+        return super().plan(sources, k_cap, ngram)
+
+
+def test_a_draft_model_the_policy_does_not_expect_is_not_prefilled() -> None:
+    """The time to first token stays the target's own; a later model draft catches up and the
+    output is still the target's."""
+    target = FakeLlama(make_target())
+    draft_llama = FakeLlama(make_draft(target.model))
+    sources = {"model": ModelDraft(draft_llama), "none": NoDraft()}
+    prompt = [4, 0, 4, 0, 1, 2, 3]
+    policy = ModelLater(k=3, plain_steps=5)
+    events = run_steps(
+        target, sources, policy, prompt, k_max=3, max_tokens=30, sampling=SamplingParams()
+    )
+    assert isinstance(next(events), Prefill)
+    assert draft_llama.n_decoded == 0 and policy.lags == [len(prompt)]
+    out = [t for event in events for t in event.tokens]
+    assert out == greedy_reference(prompt, 30)
+    assert draft_llama.n_decoded > 0  # it drafted after all
+    # The next request starts where the draft's cache left off.
+    list(
+        run_steps(
+            target,
+            sources,
+            policy,
+            prompt + out + [1],
+            k_max=3,
+            max_tokens=3,
+            sampling=SamplingParams(),
+        )
+    )
+    assert policy.lags[-1] < 5
+
+
 def test_max_tokens_and_context_limits_are_respected() -> None:
     target = FakeLlama(make_target(), n_ctx=20)
     draft_llama = FakeLlama(make_draft(target.model), n_ctx=20)

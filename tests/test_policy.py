@@ -160,6 +160,18 @@ def test_plans_respect_the_caps() -> None:
     assert policy.plan(("none",), 8, two) == PLAIN
 
 
+def test_the_draft_model_is_prefilled_only_where_it_is_expected_to_pay() -> None:
+    assert not CostModelK(cpu_costs(c=0.54), prior_alpha={"model": 0.82}).wants_model()
+    assert CostModelK(flat_costs(c=0.05), prior_alpha={"model": 0.8}).wants_model()
+    assert FixedK(4).wants_model() and not FixedK(4, "ngram").wants_model()
+    # A draft whose cache lags the prompt costs its catch-up: no plan drafts with it on a CPU.
+    policy = CostModelK(cpu_costs(c=0.1), k_max=8, prior_alpha={"model": 0.9}, risk_floor=None)
+    policy.begin(model_lag=1)
+    assert policy.plan(MODEL_ONLY, 8, None).source == "model"
+    policy.begin(model_lag=400)
+    assert policy.plan(MODEL_ONLY, 8, None) == PLAIN
+
+
 # ---- the risk ledger -------------------------------------------------------------------------
 
 

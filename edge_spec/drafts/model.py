@@ -31,8 +31,14 @@ class ModelDraft:
 
     def begin(self, prompt: Sequence[int]) -> None:
         # The target decodes prompt[:-1] in prefill; the draft does the same so that the first
-        # proposal only decodes the last prompt token.
+        # proposal only decodes the last prompt token. (The engine skips this when the policy
+        # does not expect to draft with the model: then its first proposal catches up.)
         self.draft_model.sync(prompt[:-1])
+
+    def lag(self, context: Sequence[int]) -> int:
+        """How many tokens the next proposal's first decode would cover: those after the
+        longest prefix of context[:-1] the cache holds (at least the last token)."""
+        return len(context) - common_prefix(self.draft_model.tokens, context[: len(context) - 1])
 
     def propose(
         self,
