@@ -3,7 +3,7 @@
 over prompts, the slowest prompts, and how many fall below a bar. A prompt's ratio pools its
 repeats (tokens over seconds, summed), as the bench's own summaries do.
 
-    python3 scripts/prompt_ratios.py bench/results/issue12-chat-pair --bar 0.95
+    python3 scripts/prompt_ratios.py bench/results/issue12-chat-pair-ledger --bar 0.95
 """
 
 from __future__ import annotations
