@@ -53,6 +53,8 @@ def test_parse_strategy() -> None:
     # A draft mode alone runs the cost policy, as the API and the CLI do by default.
     assert parse_strategy("ngram").policy == parse_strategy("model").policy == "cost"
     assert parse_strategy("ngram").draft_mode == "ngram"
+    null = parse_strategy("none")  # the target alone under another name: the noise floor
+    assert (null.draft_mode, null.k, null.name) == ("none", 0, "none")
     for bad in ("foo", "foo-k2", "model-kx", "ngram-magic"):
         with pytest.raises(ValueError):
             parse_strategy(bad)

@@ -45,6 +45,9 @@ class Strategy:
 
 
 TARGET = Strategy("target", "none", "fixed", k=0)
+# The target alone again, interleaved like any other entry: its ratio to "target" is the run's
+# own noise floor (what an entry exactly as fast as the target alone measures).
+NULL = Strategy("none", "none", "fixed", k=0)
 
 # Completion prompts are few-shot transcripts: without these a base model runs on into the
 # next "Question:" or "User:" turn it invented. Chat prompts end at the template's EOS.
@@ -52,11 +55,14 @@ COMPLETION_STOPS = ("\nQuestion:", "\n\nProblem:", "\nUser:", "\n```\n", "\n\nTe
 
 
 def parse_strategy(spec: str) -> Strategy:
-    """'target'; a draft mode alone ('auto', 'model', 'ngram': the cost policy, as the API and
-    the CLI run them by default); or a mode with a policy: 'model-k3', 'ngram-k4' (fixed k),
-    'model-heuristic', 'ngram-cost' (the same as 'ngram')."""
+    """'target'; 'none' (the target alone again: the noise floor); a draft mode alone ('auto',
+    'model', 'ngram': the cost policy, as the API and the CLI run them by default); or a mode
+    with a policy: 'model-k3', 'ngram-k4' (fixed k), 'model-heuristic', 'ngram-cost' (the same
+    as 'ngram')."""
     if spec == "target":
         return TARGET
+    if spec == "none":
+        return NULL
     mode, _, how = spec.partition("-")
     if mode not in ("model", "ngram", "auto"):
         raise ValueError(f"unknown strategy {spec!r}")
