@@ -28,10 +28,20 @@ def add_bench_parser(sub: Any) -> None:
         "cpp-speculative[-kK] (llama.cpp's C++ examples, see scripts/build_llama_examples.py)",
     )
     bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
-    bench.add_argument("--max-tokens", type=int, default=64)
+    bench.add_argument(
+        "--max-tokens", type=int, default=None, help="per request (default 64; 384 --agentic)"
+    )
     bench.add_argument("--repeats", type=int, default=1)
     bench.add_argument("--chat", action="store_true", help="use the chat form of the prompts")
-    bench.add_argument("--ctx-size", "-c", type=int, default=2048)
+    bench.add_argument(
+        "--agentic",
+        action="store_true",
+        help="the agentic sessions instead of the prompts: multi-turn, the full history in "
+        "every request, T = 0 (--categories picks scenarios)",
+    )
+    bench.add_argument(
+        "--ctx-size", "-c", type=int, default=None, help="default 2048; 4096 with --agentic"
+    )
     bench.add_argument("--threads", "-t", type=int, default=None)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="bench/results/latest", help="output folder")
@@ -53,24 +63,47 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from ..backend import llama_build, llama_cpp_version
     from ..errors import InvalidRequestError
     from ..models import choose_pair
+    from .agentic import SCENARIOS, load_sessions, n_requests, run_agentic
     from .peers import PeerSetup, is_peer, make_peers
     from .prompts import load_prompts
     from .report import markdown_table, summarize
     from .runner import parse_strategy, peak_rss_bytes, run_bench, timestamp
 
+    if args.max_tokens is None:
+        args.max_tokens = 384 if args.agentic else 64
+    if args.ctx_size is None:
+        args.ctx_size = 4096 if args.agentic else 2048
     try:
         strategies = [parse_strategy(s) for s in args.strategies if not is_peer(s)]
         peer_names = [s for s in args.strategies if is_peer(s)]
-        prompts = load_prompts(quick=args.quick, categories=args.categories)
+        if args.agentic:
+            unknown = sorted(set(args.categories or ()) - set(SCENARIOS))
+            if unknown:
+                raise ValueError(f"unknown scenarios {unknown}; known: {list(SCENARIOS)}")
+            if args.temperatures != [0.0]:
+                raise ValueError(
+                    "the agentic sessions run at T = 0 (their history is the "
+                    "target's greedy answers)"
+                )
+            sessions = [
+                s
+                for s in load_sessions()
+                if args.categories is None or s.scenario in args.categories
+            ]
+            prompts = []
+        else:
+            prompts = load_prompts(quick=args.quick, categories=args.categories)
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from exc
     if args.max_tokens < 1 or args.repeats < 1:
         raise InvalidRequestError("--max-tokens and --repeats must be >= 1")
-    # --chat without a target: the chat pair (the default pair's target has no template).
-    target, draft = choose_pair(args.target, args.draft, chat=args.chat)
+    # --chat or --agentic without a target: the chat pair (the default pair's has no template).
+    chat = args.chat or args.agentic
+    target, draft = choose_pair(args.target, args.draft, chat=chat)
     config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
     n_entries = len(strategies) + len(peer_names) + 1
-    n_total = len(prompts) * len(args.temperatures) * args.repeats * n_entries
+    n_requests_total = n_requests(sessions) if args.agentic else len(prompts)
+    n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries
     with EdgeSpec(target, draft, config=config) as spec:
         setup = PeerSetup(
             spec.target_path,
@@ -81,18 +114,30 @@ def run_bench_command(args: argparse.Namespace) -> int:
         )
         peers = make_peers(peer_names, setup)
         bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
-        runs = run_bench(
-            spec,
-            prompts,
-            strategies,
-            temperatures=args.temperatures,
-            max_tokens=args.max_tokens,
-            repeats=args.repeats,
-            chat=args.chat,
-            seed=args.seed,
-            peers=peers,
-            on_run=lambda run: bar.update(1),
-        )
+        if args.agentic:
+            runs = run_agentic(
+                spec,
+                sessions,
+                strategies,
+                max_tokens=args.max_tokens,
+                repeats=args.repeats,
+                seed=args.seed,
+                peers=peers,
+                on_run=lambda run: bar.update(1),
+            )
+        else:
+            runs = run_bench(
+                spec,
+                prompts,
+                strategies,
+                temperatures=args.temperatures,
+                max_tokens=args.max_tokens,
+                repeats=args.repeats,
+                chat=args.chat,
+                seed=args.seed,
+                peers=peers,
+                on_run=lambda run: bar.update(1),
+            )
         bar.close()
         for peer in peers:
             peer.close()

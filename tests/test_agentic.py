@@ -1,0 +1,78 @@
+"""The agentic bench's sessions (package data) and its turn-by-turn runner on the real pair."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+
+import pytest
+
+from edge_spec.bench.agentic import SCENARIOS, load_sessions, parse_sessions, run_agentic
+from edge_spec.bench.runner import parse_strategy
+
+
+def raw_sessions() -> dict:
+    text = resources.files("edge_spec.bench").joinpath("agentic.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def test_the_sessions_cover_every_scenario_and_quote_long_inputs() -> None:
+    sessions = load_sessions()
+    assert {s.scenario for s in sessions} == set(SCENARIOS)
+    assert all(len(s.turns) >= 2 for s in sessions)
+    # A coding agent re-emits files it has read: the first turn holds a whole file.
+    coding = [s for s in sessions if s.scenario == "coding_agent"]
+    assert all(s.turns[0][-1]["content"].count("\n") >= 15 for s in coding)
+    assert [s.id for s in load_sessions(["agent-rag-06"])] == ["agent-rag-06"]
+    with pytest.raises(ValueError, match="unknown"):
+        load_sessions(["no-such-session"])
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda raw: raw.update(version=2),
+        lambda raw: raw["sessions"][1].update(id=raw["sessions"][0]["id"]),
+        lambda raw: raw["sessions"][0].update(scenario="chit-chat"),
+        lambda raw: raw["sessions"][0]["turns"][0].append({"role": "assistant", "content": "x"}),
+        lambda raw: raw["sessions"][0]["turns"][0].insert(0, {"role": "user", "content": "x"}),
+        lambda raw: raw["sessions"][0]["turns"][0][0].update(content=""),
+        lambda raw: raw["sessions"][0].update(turns=[]),
+    ],
+)
+def test_malformed_sessions_are_refused(break_it) -> None:
+    raw = copy.deepcopy(raw_sessions())
+    break_it(raw)
+    with pytest.raises(ValueError, match="agentic.json"):
+        parse_sessions(raw)
+
+
+@pytest.mark.models
+def test_every_entry_answers_the_same_requests_with_the_targets_history(spec) -> None:
+    session = load_sessions(["agent-config-03"])[0]
+    strategies = [parse_strategy("ngram")]
+    runs = run_agentic(spec, [session], strategies, max_tokens=24)
+    assert len(runs) == len(session.turns) * 2
+    by_turn: dict[str, dict[str, object]] = {}
+    for run in runs:
+        by_turn.setdefault(run.prompt_id, {})[run.strategy] = run
+    assert sorted(by_turn) == ["agent-config-03/1", "agent-config-03/2"]
+    first, second = (by_turn[f"agent-config-03/{t}"] for t in (1, 2))
+    for turn in (first, second):
+        # The same request for every entry, and at T = 0 the same answer.
+        assert turn["target"].n_prompt_tokens == turn["ngram"].n_prompt_tokens
+        assert turn["target"].token_ids == turn["ngram"].token_ids
+        assert turn["target"].category == "coding_agent" and turn["target"].kind == "agentic"
+    # The second request holds the first one and the target's answer to it.
+    answer = spec.target.detokenize(list(first["target"].token_ids)).strip()
+    assert second["target"].n_prompt_tokens > first["target"].n_prompt_tokens + 5
+    text = spec.render_chat(
+        [
+            {"role": "system", "content": session.system},
+            *session.turns[0],
+            {"role": "assistant", "content": answer},
+            *session.turns[1],
+        ]
+    )
+    assert len(spec.tokenize(text)) == second["target"].n_prompt_tokens
