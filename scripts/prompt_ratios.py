@@ -24,11 +24,17 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--bar", type=float, default=0.95, help="report prompts below this")
     parser.add_argument("--worst", type=int, default=3, help="how many slowest prompts to list")
+    parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="pool an agentic run's turns by session (ids 'session/turn')",
+    )
     args = parser.parse_args()
     runs = json.loads((args.folder / "results.json").read_text())["runs"]
     totals: dict[tuple[float, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for run in runs:
-        key = (run["temperature"], run["strategy"], run["prompt_id"])
+        prompt_id = run["prompt_id"].split("/")[0] if args.sessions else run["prompt_id"]
+        key = (run["temperature"], run["strategy"], prompt_id)
         totals[key][0] += run["n_generated"]
         totals[key][1] += run["decode_s"]
     for temperature in sorted({t for t, _, _ in totals}):
