@@ -3,11 +3,10 @@
 over prompts, the slowest prompts, and how many fall below a bar. A prompt's ratio pools its
 repeats (tokens over seconds, summed), as the bench's own summaries do.
 
-It also prints the run's noise floor: the run-to-run spread of the target alone's own speed on
-each prompt, and how many prompts a strategy exactly as fast as the target would show below
-the bar from that noise alone (pooled repeats on both sides, normal approximation).
+A run with the `none` entry (the target alone again, interleaved like the others) shows the
+run's own noise floor in the same lines: what an entry exactly as fast as the target measures.
 
-    python3 scripts/prompt_ratios.py bench/results/issue12-chat-pair-ledger --bar 0.95
+    python3 scripts/prompt_ratios.py bench/results/issue12-chat-pair-noise --bar 0.95
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ def main() -> None:
         totals[key][0] += run["n_generated"]
         totals[key][1] += run["decode_s"]
     for temperature in sorted({t for t, _, _ in totals}):
-        noise_floor(runs, temperature, args.bar)
         strategies = sorted({s for t, s, _ in totals if t == temperature and s != "target"})
         for strategy in strategies:
             ratios = {}
@@ -55,29 +53,6 @@ def main() -> None:
                 f"{gmean:.3f}x, below {args.bar:g}x: {below}; slowest: "
                 + ", ".join(f"{p} {r:.3f}x" for p, r in worst)
             )
-
-
-def noise_floor(runs: list[dict], temperature: float, bar: float) -> None:
-    speeds: dict[str, list[float]] = defaultdict(list)
-    for run in runs:
-        if run["temperature"] == temperature and run["strategy"] == "target":
-            speeds[run["prompt_id"]].append(math.log(run["n_generated"] / run["decode_s"]))
-    deviations = [
-        (x - sum(xs) / len(xs)) ** 2 / (len(xs) - 1) * len(xs)
-        for xs in speeds.values()
-        if len(xs) > 1
-        for x in xs
-    ]
-    if not deviations:
-        return
-    n_repeats = max(len(xs) for xs in speeds.values())
-    sd = math.sqrt(sum(deviations) / len(deviations))  # one run's sd of log tokens/s
-    sd_ratio = sd * math.sqrt(2 / n_repeats)  # of a ratio of two pools of n_repeats runs
-    expected = len(speeds) * 0.5 * math.erfc(-math.log(bar) / sd_ratio / math.sqrt(2))
-    print(
-        f"T={temperature:g} noise: the target alone's run-to-run sd {sd * 100:.1f} %; an "
-        f"entry exactly as fast would show {expected:.1f} of {len(speeds)} prompts below {bar:g}x"
-    )
 
 
 if __name__ == "__main__":
