@@ -499,6 +499,10 @@ class PromptLookupPeer:
             n_threads_batch=threads,
             n_gpu_layers=-1 if supports_gpu_offload() else 0,
             draft_model=Counting(max_ngram_size, num_pred_tokens),
+            # A draft model makes llama-cpp-python keep logits for every row, but it sizes
+            # that buffer from this argument: left False, it holds n_batch rows and any
+            # request past n_batch tokens fails with a broadcast error (0.3.36).
+            logits_all=True,
             verbose=False,
         )
         self._draft = self._llm.draft_model

@@ -76,3 +76,19 @@ def test_every_entry_answers_the_same_requests_with_the_targets_history(spec) ->
         ]
     )
     assert len(spec.tokenize(text)) == second["target"].n_prompt_tokens
+
+
+@pytest.mark.models
+def test_llama_cpp_pythons_prompt_lookup_takes_requests_longer_than_a_batch(target_path) -> None:
+    """llama-cpp-python sizes its logits buffer from logits_all, not from the draft model that
+    needs it: without the peer's fix, a request past n_batch (512) tokens failed to broadcast.
+    Agentic requests are that long."""
+    from edge_spec.backend import PromptLookupPeer
+
+    peer = PromptLookupPeer(target_path, n_ctx=1024, n_threads=2)
+    try:
+        prompt = list(range(10, 20)) * 60  # 600 tokens that repeat: the lookup drafts
+        out = peer.generate(prompt, max_tokens=8)
+        assert len(out.token_ids) <= 8 and out.finish_reason in ("eos", "length")
+    finally:
+        peer.close()
