@@ -44,10 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .cost_policy import CostModelK
 from .policy import (
     NO_MATCH,
     CostCurve,
-    CostModelK,
     FixedK,
     HeuristicK,
     KPolicy,

@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 from edge_spec.api import EdgeSpec, EngineConfig  # noqa: E402
 from edge_spec.backend import common_prefix  # noqa: E402
 from edge_spec.bench.prompts import load_prompts  # noqa: E402
+from edge_spec.cost_policy import CostModelK  # noqa: E402
 from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
-from edge_spec.policy import CostCurve, CostModelK, StepOutcome  # noqa: E402
+from edge_spec.policy import CostCurve, StepOutcome  # noqa: E402
 
 
 def fitted_curve(runs, profile: CostCurve) -> CostCurve:

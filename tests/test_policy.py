@@ -8,16 +8,14 @@ import math
 import numpy as np
 import pytest
 
+from edge_spec.cost_policy import CostModelK
+from edge_spec.estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts
 from edge_spec.policy import (
     PLAIN,
-    AcceptanceEstimate,
-    ConfidenceCalibration,
     CostCurve,
-    CostModelK,
     FixedK,
     HeuristicK,
     NgramCandidate,
-    OnlineCosts,
     StepOutcome,
     StepPlan,
     expected_tokens,

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_spec.policy import CostCurve, CostModelK, FixedK, HeuristicK
+from edge_spec.cost_policy import CostModelK
+from edge_spec.policy import CostCurve, FixedK, HeuristicK
 from edge_spec.simulate import (
     DEFAULT_TRACES,
     PromptTrace,

@@ -1,0 +1,353 @@
+"""The cost-model policy: per step, the (source, k) maximising expected tokens per second,
+E(k) / (draft cost + t(k + 1)), from online acceptance estimates and an online-corrected device
+cost curve, within the request's risk ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts, RequestEstimate
+from .policy import (
+    DRAFT_SOURCES,
+    PLAIN,
+    Consensus,
+    CostCurve,
+    NgramCandidate,
+    SourceName,
+    StepOutcome,
+    StepPlan,
+    model_lag_after,
+)
+
+# The n-gram source's acceptance is estimated per match length (1, 2, 3-5, 6-11, 12+ tokens)
+# and per consensus of the matched n-gram's occurrences, with graded priors.
+NGRAM_BUCKETS = (1, 2, 3, 6, 12)
+NGRAM_MATCH_PRIOR = (0.6, 1.0, 1.4, 1.6, 1.8)
+NGRAM_CONSENSUS_PRIOR: dict[Consensus, float] = {"one": 1.0, "all": 1.2, "split": 0.6}
+
+
+@dataclass
+class _Probe:
+    """Exponential backoff for re-checking a source that lost: probe after `interval` steps
+    without it, double the interval when the probe says it still loses, reset when it pays."""
+
+    interval: int
+    since: int = 0
+    pending: bool = False
+
+
+class CostModelK:
+    """Chooses (source, k) per step maximising expected tokens per second.
+
+    E(k) = 1 + sum_{j <= k} prod_{i <= j} alpha_i, with alpha_i online per source (and, for
+    the n-gram source, per match length 1, 2, 3-5, 6-11, 12+ and per consensus of the matched
+    n-gram's occurrences); cost = per-step overhead + draft cost + t(k + 1), where the model
+    draft's cost includes re-decoding the tokens its cache lacks. The plain step (k = 0, E = 1,
+    cost t(1)) is always an option.
+
+    For the model source the plan's k is a cap: keep_drafting() stops the draft once the next
+    tokens' expected tokens per second, with acceptance calibrated on the draft's own
+    confidences, fall below the rate the plan expects.
+
+    Every plan is also bounded by what it may lose (the request's risk ledger): a draft whose
+    every token is rejected costs its extra verification (and the model's draft decodes) for
+    nothing, so a source drafts k tokens only while that worst case stays within `risk_floor`
+    plain steps plus `risk_rate` of the plain time so far, plus whatever drafting has gained in
+    this request (risk_floor=None turns the ledger off). A request therefore starts with short
+    drafts (k = 1 on a CPU, where a second verified token costs ~40 % of a step; longer on flat
+    GPU curves) and lengthens them as they pay, and one whose drafts keep failing stays within
+    a few per cent of the target alone however wrong the acceptance estimates or the cost curve
+    are: the ledger is kept in measured seconds.
+
+    Evidence stays fresh three ways. When outcomes carry the produced tokens, every step
+    scores the n-gram candidate against them, whichever source drafted (free evidence). A
+    model that stops being chosen is probed with k = 1 after 8, 16, ... 128 steps without it
+    (reset when a probe shows it pays), unless re-decoding the tokens its cache lacks would
+    cost more than `probe_budget` of the time since it last drafted: on a CPU that means
+    probes happen where the lag is short, e.g. at the start of a request. And evidence about
+    an unused source fades towards its prior (`forget_rate` per step).
+    """
+
+    name = "cost"
+
+    def __init__(
+        self,
+        costs: CostCurve,
+        k_max: int = 8,
+        prior_alpha: Mapping[str, float] | None = None,
+        decay: float = 0.95,
+        probe_min: int = 8,
+        probe_max: int = 128,
+        probe_budget: float = 0.02,
+        forget_rate: float = 0.99,
+        margin: float = 0.05,
+        risk_floor: float | None = 0.5,
+        risk_rate: float = 0.04,
+    ) -> None:
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max}")
+        prior = {"model": 0.7, "ngram": 0.5, **(prior_alpha or {})}
+        self.k_max = k_max
+        self.costs = OnlineCosts(costs, k_max + 1)
+        self.probe_min, self.probe_max, self.probe_budget = probe_min, probe_max, probe_budget
+        self.forget_rate = forget_rate
+        # Drafting must beat a plain step by this much: acceptance estimates are noisy and a
+        # wrong guess costs a whole batch, while skipping a marginal draft costs little.
+        self.margin = margin
+        self.risk_floor, self.risk_rate = risk_floor, risk_rate
+        n = max(k_max, 1)
+        self.model = AcceptanceEstimate(prior["model"], n, decay)
+        # Longer and unanimous matches predict acceptance better: separate estimates.
+        self.ngram = {
+            (m, kind): AcceptanceEstimate(min(prior["ngram"] * f * g, 0.95), n, decay)
+            for m, f in zip(NGRAM_BUCKETS, NGRAM_MATCH_PRIOR)
+            for kind, g in NGRAM_CONSENSUS_PRIOR.items()
+        }
+        self.calibration = ConfidenceCalibration()
+        self.probes = {s: _Probe(probe_min) for s in DRAFT_SOURCES}
+        self._since_model_s = 0.0  # target time since the model last drafted (probe budget)
+        self._scored_ngram = False  # whether outcomes carry tokens to score n-gram candidates
+        self._candidate: NgramCandidate | None = None
+        self.begin()
+
+    # ---- per request / per step state ----
+
+    def wants_model(self) -> bool:
+        """Whether the model's best plan with its cache in sync beats a plain step now."""
+        c = self.costs
+        per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
+        fixed = c.overhead_s + c.draft_s(1, 1) - per_token
+        _, rate = self._best_k(self.model.alphas(self.k_max), self.k_max, fixed, per_token)
+        return self.k_max > 0 and rate > 1.0 / (c.overhead_s + c.t(1))
+
+    def begin(self, model_lag: int = 1) -> None:
+        # Tokens the model draft's next first decode covers: 1 when the engine prefilled it.
+        self.n_fresh = max(model_lag, 1)
+        self._rate = 0.0  # tokens/s the current plan expects
+        self._k_plan = 0
+        self._alphas: list[float] = []
+        self._reach = 1.0  # P(every model token so far this step is accepted)
+        self._ngram_request = {m: RequestEstimate(shared) for m, shared in self.ngram.items()}
+        self._lost_s = 0.0  # measured seconds drafting lost (negative: gained) this request
+        self._plain_s = 0.0  # what the tokens produced so far take as plain steps
+
+    def _risk_caps(self, k_cap: int) -> dict[SourceName, int]:
+        """Per draft source, the largest k whose total loss (every token rejected) stays within
+        the request's allowance (k_cap for every source when the ledger is off)."""
+        if self.risk_floor is None:
+            return dict.fromkeys(DRAFT_SOURCES, k_cap)
+        c = self.costs
+        t1 = c.t(1)
+        allowance = self.risk_floor * t1 + self.risk_rate * self._plain_s - self._lost_s
+        caps: dict[SourceName, int] = {}
+        for source in DRAFT_SOURCES:
+            k = 0
+            while k < k_cap:
+                extra = c.t(k + 2) - t1
+                if source == "model":
+                    extra += c.draft_s(k + 1, self.n_fresh)
+                if extra > allowance:
+                    break
+                k += 1
+            caps[source] = k
+        return caps
+
+    def _bucket(self, match_len: int, consensus: Consensus = "one") -> RequestEstimate:
+        m = max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))
+        return self._ngram_request[m, consensus]
+
+    def _best_k(
+        self, alphas: Sequence[float], k_cap: int, fixed_s: float, per_token_s: float
+    ) -> tuple[int, float]:
+        """(k, tokens/s) maximising E(k) / (fixed_s + k * per_token_s + t(k + 1)), k in 1..k_cap."""
+        best_k, best_rate = 0, 0.0
+        total, reach = 1.0, 1.0
+        for k in range(1, k_cap + 1):
+            reach *= alphas[k - 1]
+            total += reach
+            rate = total / (fixed_s + k * per_token_s + self.costs.t(k + 1))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
+    def options(
+        self,
+        sources: Sequence[SourceName],
+        k_cap: int,
+        ngram: NgramCandidate | None,
+        caps: Mapping[SourceName, int] | None = None,
+    ) -> dict[SourceName, tuple[int, float]]:
+        """Each available source's best (k, expected tokens/s) now, k within `caps` where given
+        (plan() passes the risk ledger's); "none" is (0, 1 / t(1))."""
+        c = self.costs
+        out: dict[SourceName, tuple[int, float]] = {"none": (0, 1.0 / (c.overhead_s + c.t(1)))}
+        k_cap = min(k_cap, self.k_max)
+        caps = caps or {}
+        model_cap = min(k_cap, caps.get("model", k_cap))
+        if "model" in sources and model_cap > 0:
+            # draft_s(k) = fixed part (the re-decode batch) + (k - 1) single decodes.
+            per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
+            fixed = c.overhead_s + c.draft_s(1, self.n_fresh) - per_token
+            alphas = self.model.alphas(model_cap)
+            out["model"] = self._best_k(alphas, model_cap, fixed, per_token)
+        ngram_cap = min(k_cap, caps.get("ngram", k_cap))
+        if "ngram" in sources and ngram is not None and ngram.tokens and ngram_cap > 0:
+            cap = min(ngram_cap, len(ngram.tokens))
+            alphas = self._bucket(ngram.match_len, ngram.consensus).alphas(cap)
+            out["ngram"] = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
+        return out
+
+    def plan(
+        self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
+    ) -> StepPlan:
+        caps = self._risk_caps(min(k_cap, self.k_max))
+        options = self.options(sources, k_cap, ngram, caps)
+        source: SourceName = max(
+            options, key=lambda s: options[s][1] / (1.0 if s == "none" else 1.0 + self.margin)
+        )
+        k, rate = options[source]
+        self._candidate = ngram
+        for name in DRAFT_SOURCES:
+            self.probes[name].pending = False
+        if source != "model":
+            probe = self._probe(sources, k_cap, ngram, source, rate)
+            if probe is not None and caps[probe] < 1:
+                probe = None
+            if probe is not None:
+                source, k = probe, 1
+                self.probes[probe].pending = True
+        self._rate = rate
+        self._reach = 1.0
+        self._k_plan = k if source != "none" else 0
+        if source == "model" and not self.probes["model"].pending:
+            # The cap: keep_drafting() decides where the draft really stops.
+            self._k_plan = min(k_cap, self.k_max, caps["model"])
+        self._alphas = self.model.alphas(self._k_plan) if source == "model" else []
+        return StepPlan(source, self._k_plan) if self._k_plan > 0 else PLAIN
+
+    def _probe(
+        self,
+        sources: Sequence[SourceName],
+        k_cap: int,
+        ngram: NgramCandidate | None,
+        chosen: SourceName,
+        chosen_rate: float,
+    ) -> SourceName | None:
+        """A draft source due for a k = 1 probe instead of the chosen plan, or None."""
+        if k_cap < 1:
+            return None
+        c = self.costs
+        ng = self.probes["ngram"]
+        # Without produced tokens to score candidates on, the n-gram needs probes too: they
+        # cost only the extra verified token, so try one when a long match shows.
+        if (
+            not self._scored_ngram
+            and chosen != "ngram"
+            and "ngram" in sources
+            and ngram is not None
+            and ngram.tokens
+            and ngram.match_len >= 3
+            and ng.since >= ng.interval
+        ):
+            return "ngram"
+        mp = self.probes["model"]
+        if "model" in sources and mp.since >= mp.interval:
+            # Net of what the probe's tokens would have taken under the chosen plan; the
+            # re-decode of the draft's lag dominates mid-request on a CPU.
+            expected = 1.0 + self.model.alphas(1)[0]
+            cost = c.draft_s(1, self.n_fresh) + c.t(2) - expected / chosen_rate
+            if cost <= self.probe_budget * self._since_model_s:
+                return "model"
+        return None
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        """Continue while some further stretch of m tokens adds expected tokens faster than the
+        plan's rate: reach * sum_{j<=m} prod alpha > rate * (m draft decodes + extra verify)."""
+        self._reach *= self.calibration.p_accept(confidence)
+        if i + 1 >= self._k_plan or i + 1 >= len(self._alphas):
+            return False
+        c = self.costs
+        per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
+        verify_now = c.t(i + 2)
+        gain, reach = 0.0, self._reach
+        for m in range(1, self._k_plan - i):
+            reach *= self._alphas[i + m]
+            gain += reach
+            extra = m * per_token + c.t(i + 2 + m) - verify_now
+            if gain > self._rate * extra:
+                return True
+        return False
+
+    def update(self, outcome: StepOutcome) -> None:
+        self._keep_ledger(outcome)
+        self.costs.observe(outcome, self.n_fresh)
+        self.n_fresh = model_lag_after(self.n_fresh, outcome)
+        used = outcome.source if outcome.n_drafted > 0 else "none"
+        observed: list[AcceptanceEstimate | RequestEstimate] = []
+        if used == "model":
+            observed.append(self.model)
+            self.model.observe(outcome.n_drafted, outcome.n_accepted)
+            if outcome.confidences:
+                self.calibration.observe(outcome.confidences, outcome.n_accepted)
+            self._since_model_s = 0.0
+        else:
+            self._since_model_s += outcome.draft_s + outcome.verify_s
+        candidate = self._candidate
+        consensus = candidate.consensus if candidate is not None else "one"
+        if candidate is not None and candidate.tokens and outcome.tokens:
+            # Score the n-gram candidate on what the target produced, whatever drafted: as if
+            # it had drafted min(len, produced) tokens.
+            n = min(len(candidate.tokens), len(outcome.tokens))
+            agree = 0
+            while agree < n and candidate.tokens[agree] == outcome.tokens[agree]:
+                agree += 1
+            observed.append(self._bucket(candidate.match_len, candidate.consensus))
+            observed[-1].observe(n, agree)
+            self._scored_ngram = True
+        elif used == "ngram":
+            observed.append(self._bucket(outcome.match_len, consensus))
+            observed[-1].observe(outcome.n_drafted, outcome.n_accepted)
+        self._candidate = None
+        # Evidence about a source that goes unused fades slowly, so that a source written off
+        # long ago is tried again at its prior (besides the probes).
+        seen_shared = [getattr(seen, "shared", seen) for seen in observed]
+        for estimate in (self.model, *self.ngram.values()):
+            if all(estimate is not seen for seen in seen_shared):
+                estimate.forget(self.forget_rate)
+        for name, probe in self.probes.items():
+            if name == used:
+                probe.since = 0
+                if probe.pending:
+                    probe.interval = self._next_interval(name, probe.interval, outcome, consensus)
+            else:
+                probe.since += 1
+            probe.pending = False
+
+    def _keep_ledger(self, outcome: StepOutcome) -> None:
+        """What the step's drafting lost against plain steps, in measured seconds (the lookup
+        every step pays, drafting or not, is not the draft's)."""
+        t1 = self.costs.t(1)
+        produced = outcome.n_accepted + 1
+        self._plain_s += produced * t1
+        if outcome.n_drafted > 0:
+            spent = outcome.verify_s
+            if outcome.source == "model":
+                spent += max(outcome.draft_s - self.costs.overhead_s, 0.0)
+            self._lost_s += spent - produced * t1
+
+    def _next_interval(
+        self, source: SourceName, interval: int, outcome: StepOutcome, consensus: Consensus
+    ) -> int:
+        """Reset the backoff when the probe shows the source now beats a plain step."""
+        c = self.costs
+        if source == "model":
+            alphas = self.model.alphas(self.k_max)
+            per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
+            _, rate = self._best_k(alphas, self.k_max, c.draft_s(1, 1) - per_token, per_token)
+        else:
+            alphas = self._bucket(outcome.match_len, consensus).alphas(self.k_max)
+            _, rate = self._best_k(alphas, self.k_max, c.ngram_s, 0.0)
+        if rate > 1.0 / c.t(1):
+            return self.probe_min
+        return min(interval * 2, self.probe_max)
