@@ -54,11 +54,14 @@ def fitted_curve(runs, profile: CostCurve) -> CostCurve:
     return CostCurve(tuple(values), profile.draft_token_s, profile.ngram_s)
 
 
-def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16, charge=None):
+def walk(
+    prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16, charge=None, draft=None
+):
     """(tokens, replayed seconds) for one prompt; policy None with clairvoyant=True. Steps are
-    charged at `charge` (default: curve, the one the policy plans with)."""
+    charged at `charge` (default: curve, the one the policy plans with). `draft`: an NgramDraft
+    to go on with (a conversation's session); default a fresh one for this prompt alone."""
     charge = charge or curve
-    draft = NgramDraft(3, 1)
+    draft = draft or NgramDraft(3, 1)
     draft.begin(prompt)
     if policy is not None:
         policy.begin()
@@ -86,6 +89,27 @@ def walk(prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16, 
         context.extend(produced)
         pos += len(produced)
     return len(truth), time_s
+
+
+def agentic_requests(spec, truth):
+    """An agentic run's requests, rebuilt as run_agentic built them: each turn's messages after
+    the target's own earlier answers (its token ids in the run, detokenized)."""
+    from edge_spec.bench.agentic import KIND, load_sessions
+    from edge_spec.bench.prompts import Prompt
+
+    prompts, ids = [], {}
+    for session in load_sessions():
+        history = [{"role": "system", "content": session.system}] if session.system else []
+        for t, turn in enumerate(session.turns):
+            pid = f"{session.id}/{t + 1}"
+            if pid not in truth:
+                break
+            messages = [*history, *turn]
+            prompts.append(Prompt(pid, session.scenario, KIND, "", tuple(messages)))
+            ids[pid] = spec.tokenize(spec.render_chat(messages))
+            answer = spec.target.detokenize(truth[pid]).strip()
+            history = [*messages, {"role": "assistant", "content": answer}]
+    return prompts, ids
 
 
 def main() -> int:
@@ -137,23 +161,43 @@ def main() -> int:
         for r in record["runs"]
         if r["strategy"] == "target" and not r["temperature"] and r["repeat"] == 0
     }
-    prompts = [p for p in load_prompts() if p.id in truth]
     target = Path(record["target"]).stem  # the run's model, by its name in the manifest
-    with EdgeSpec(target, None, draft_mode="none", config=EngineConfig(n_ctx=2048)) as spec:
-        ids = {
-            p.id: spec.tokenize(spec.render_chat(p.messages) if chat else p.completion)
-            for p in prompts
-        }
+    agentic = bool(record.get("settings", {}).get("agentic"))
+    n_ctx = int(record.get("settings", {}).get("ctx_size") or 2048)
+    with EdgeSpec(target, None, draft_mode="none", config=EngineConfig(n_ctx=n_ctx)) as spec:
+        if agentic:
+            prompts, ids = agentic_requests(spec, truth)
+        else:
+            prompts = [p for p in load_prompts() if p.id in truth]
+            ids = {
+                p.id: spec.tokenize(spec.render_chat(p.messages) if chat else p.completion)
+                for p in prompts
+            }
     prior = None if args.ngram_prior is None else {"ngram": args.ngram_prior}
     risk = {"risk_floor": None if args.risk_floor == "none" else float(args.risk_floor)}
     policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior, **risk)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     per_prompt = {}
+    sessions: dict[str, NgramDraft] = {}  # agentic: a session per conversation, as run
     for p in prompts:
         if args.fresh:
             policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior, **risk)
+        draft = None
+        if agentic:
+            conversation = p.id.split("/")[0]
+            if conversation not in sessions:
+                sessions[conversation] = NgramDraft(3, 1, session_tokens=32768)
+                sessions[conversation].select(conversation)
+            draft = sessions[conversation]
         n, replayed_s = walk(
-            ids[p.id], truth[p.id], curve, overhead_s, policy, k_max=args.k_max, charge=charge
+            ids[p.id],
+            truth[p.id],
+            curve,
+            overhead_s,
+            policy,
+            k_max=args.k_max,
+            charge=charge,
+            draft=draft,
         )
         _, bound_s = walk(
             ids[p.id], truth[p.id], charge or curve, overhead_s, None, True, args.k_max
