@@ -94,21 +94,20 @@ def walk(
 def agentic_requests(spec, truth):
     """An agentic run's requests, rebuilt as run_agentic built them: each turn's messages after
     the target's own earlier answers (its token ids in the run, detokenized)."""
-    from edge_spec.bench.agentic import KIND, load_sessions
+    from edge_spec.bench.agentic import KIND, load_sessions, request_messages
     from edge_spec.bench.prompts import Prompt
 
     prompts, ids = [], {}
     for session in load_sessions():
-        history = [{"role": "system", "content": session.system}] if session.system else []
-        for t, turn in enumerate(session.turns):
+        answers: list[str] = []
+        for t in range(len(session.turns)):
             pid = f"{session.id}/{t + 1}"
             if pid not in truth:
                 break
-            messages = [*history, *turn]
+            messages = request_messages(session, answers)
             prompts.append(Prompt(pid, session.scenario, KIND, "", tuple(messages)))
             ids[pid] = spec.tokenize(spec.render_chat(messages))
-            answer = spec.target.detokenize(truth[pid]).strip()
-            history = [*messages, {"role": "assistant", "content": answer}]
+            answers.append(spec.target.detokenize(truth[pid]))
     return prompts, ids
 
 

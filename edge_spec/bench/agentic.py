@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -111,6 +111,16 @@ def parse_sessions(raw: Any) -> tuple[Session, ...]:
     return tuple(sessions)
 
 
+def request_messages(session: Session, answers: Sequence[str]) -> list[Message]:
+    """The messages of turn len(answers) + 1 (requires fewer answers than turns): the system
+    message, each earlier turn followed by its answer, then this turn."""
+    messages: list[Message] = [{"role": "system", "content": session.system}]
+    messages = messages if session.system else []
+    for turn, answer in zip(session.turns, answers):
+        messages += [*turn, {"role": "assistant", "content": answer.strip()}]
+    return [*messages, *session.turns[len(answers)]]
+
+
 def run_agentic(
     spec: EdgeSpec,
     sessions: Sequence[Session],
@@ -132,30 +142,30 @@ def run_agentic(
     runs: list[Run] = []
     spec.generate("Hello", max_tokens=8, draft_mode="none")  # page the weights in
     n_turns = 0
+    sampling = SamplingParams(temperature=0.0, seed=seed)
     for repeat in range(repeats):
         for session in sessions:
-            history: list[Message] = [{"role": "system", "content": session.system}]
-            history = history if session.system else []
-            for t, turn in enumerate(session.turns):
-                messages = [*history, *turn]
+            answers: list[str] = []  # the target's, the history of every later turn
+            for t in range(len(session.turns)):
+                messages = request_messages(session, answers)
                 text = spec.render_chat(messages)
                 prompt = Prompt(
                     f"{session.id}/{t + 1}", session.scenario, KIND, text, tuple(messages)
                 )
-                sampling = SamplingParams(temperature=0.0, seed=seed)
                 order = plan[n_turns % len(plan) :] + plan[: n_turns % len(plan)]
                 n_turns += 1
-                answer = ""
                 for entry in order:
                     if isinstance(entry, Strategy):
                         # A session per entry and conversation: what the server keeps per
                         # prompt_cache_key. Never another entry's answers.
-                        config = entry.config(max_tokens, sampling)
-                        name = f"agentic:{entry.name}:{session.id}:{repeat}"
-                        result = spec.generate(text, _with_session(config, name))
+                        config = replace(
+                            entry.config(max_tokens, sampling),
+                            session=f"agentic:{entry.name}:{session.id}:{repeat}",
+                        )
+                        result = spec.generate(text, config)
                         run = Run.of(prompt, entry, 0.0, repeat, result)
                         if entry is TARGET:
-                            answer = result.text
+                            answers.append(result.text)
                     else:
                         ids = spec.tokenize(text)
                         peer_result = entry.run(text, ids, max_tokens, 0.0, seed)
@@ -163,14 +173,7 @@ def run_agentic(
                     runs.append(run)
                     if on_run is not None:
                         on_run(run)
-                history = [*messages, {"role": "assistant", "content": answer.strip()}]
     return runs
-
-
-def _with_session(config: Any, name: str) -> Any:
-    from dataclasses import replace
-
-    return replace(config, session=name)
 
 
 def n_requests(sessions: Sequence[Session]) -> int:

@@ -114,29 +114,23 @@ def run_bench_command(args: argparse.Namespace) -> int:
         )
         peers = make_peers(peer_names, setup)
         bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
+        common = dict(
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            seed=args.seed,
+            peers=peers,
+            on_run=lambda run: bar.update(1),
+        )
         if args.agentic:
-            runs = run_agentic(
-                spec,
-                sessions,
-                strategies,
-                max_tokens=args.max_tokens,
-                repeats=args.repeats,
-                seed=args.seed,
-                peers=peers,
-                on_run=lambda run: bar.update(1),
-            )
+            runs = run_agentic(spec, sessions, strategies, **common)
         else:
             runs = run_bench(
                 spec,
                 prompts,
                 strategies,
                 temperatures=args.temperatures,
-                max_tokens=args.max_tokens,
-                repeats=args.repeats,
                 chat=args.chat,
-                seed=args.seed,
-                peers=peers,
-                on_run=lambda run: bar.update(1),
+                **common,
             )
         bar.close()
         for peer in peers:

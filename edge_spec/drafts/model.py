@@ -38,7 +38,12 @@ class ModelDraft:
     def lag(self, context: Sequence[int]) -> int:
         """How many tokens the next proposal's first decode would cover: those after the
         longest prefix of context[:-1] the cache holds (at least the last token)."""
-        return len(context) - common_prefix(self.draft_model.tokens, context[: len(context) - 1])
+        return len(context) - self._reusable(context)
+
+    def _reusable(self, context: Sequence[int]) -> int:
+        """Cached tokens a proposal keeps: the prefix shared with context[:-1] (the last token
+        is always re-decoded, for its logits)."""
+        return common_prefix(self.draft_model.tokens, context[: len(context) - 1])
 
     def propose(
         self,
@@ -53,7 +58,7 @@ class ModelDraft:
         if k <= 0:
             return NO_DRAFT
         # Reuse the cached prefix but re-decode at least the last token: we need its logits.
-        n_reused = common_prefix(model.tokens, context[: len(context) - 1])
+        n_reused = self._reusable(context)
         model.truncate(n_reused)
         fresh = context[n_reused:]
         logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
