@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
 from .gguf import check_gguf_file
+from .policy import MAX_TREE_LEAVES
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("edge_spec.llama_cpp")
@@ -171,7 +172,10 @@ class LlamaModel:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
+        # Token trees: one sequence per branch over one shared (unified) KV buffer; a chain
+        # uses sequence 0 alone, as with a single sequence.
+        cparams.n_seq_max = MAX_TREE_LEAVES
+        cparams.kv_unified = True
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -183,10 +187,11 @@ class LlamaModel:
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_batch = int(llama_cpp.llama_n_batch(ctx))
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        for i in range(self.n_batch):  # every token belongs to sequence 0 alone
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, MAX_TREE_LEAVES)
+        for i in range(self.n_batch):  # every token belongs to sequence 0 alone (but in trees)
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
+        self._tree: _Tree | None = None  # a decoded tree awaiting keep_tree()
         self.n_threads = threads
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         # llama.cpp may pad the context up; the limit the caller asked for is the one we keep.
@@ -312,6 +317,8 @@ class LlamaModel:
         n = len(tokens)
         if n == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self._tree is not None:
+            raise InvalidRequestError("keep_tree() must follow decode_tree()")
         if self.n_past + n > self.n_ctx:
             raise ContextOverflowError(
                 f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}"
@@ -374,6 +381,8 @@ class LlamaModel:
     def truncate(self, n_keep: int) -> None:
         """Drop every cached position >= n_keep (exact rollback: re-decoding gives the same
         logits bit for bit)."""
+        if self._tree is not None:
+            raise InvalidRequestError("keep_tree() must follow decode_tree()")
         if not 0 <= n_keep <= self.n_past:
             raise InvalidRequestError(f"cannot truncate to {n_keep} of {self.n_past} tokens")
         if n_keep == self.n_past:
@@ -386,6 +395,93 @@ class LlamaModel:
             self.decode(kept)
             return
         del self.tokens[n_keep:]
+
+    def decode_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Decode a token tree in one batch and return every token's logits, shape (n, n_vocab).
+
+        tokens[0] continues the cache (parents[0] == -1); every other token's parent is an
+        earlier index. Each leaf's branch is one sequence sharing the cached prefix (unified
+        KV), so a token attends to the cache and its own ancestors only: row i equals what
+        decoding the branch up to token i as a chain would give. Until keep_tree() says which
+        branch is kept, nothing else may be decoded. Requires at most MAX_TREE_LEAVES leaves (an
+        attention-free model, which cannot share a prefix, has max_tree_leaves 1), ids in
+        range, and the tree's depth within the context.
+        """
+        n = len(tokens)
+        if self._tree is not None:
+            raise InvalidRequestError("keep_tree() must follow decode_tree()")
+        if not 1 <= n <= self.n_batch:
+            raise InvalidRequestError(f"a tree needs 1 to {self.n_batch} tokens, got {n}")
+        ids = [int(t) for t in tokens]
+        if min(ids) < 0 or max(ids) >= self.n_vocab:
+            raise InvalidRequestError(f"token id out of range [0, {self.n_vocab})")
+        tree = _Tree.build(self.n_past, ids, parents)
+        if len(tree.leaves) > self.max_tree_leaves:
+            raise InvalidRequestError(
+                f"a tree of {len(tree.leaves)} leaves; this context holds {self.max_tree_leaves}"
+            )
+        if self.n_past + max(tree.depth) + 1 > self.n_ctx:
+            raise ContextOverflowError(f"a tree of depth {max(tree.depth) + 1} does not fit")
+        batch, mem = self._batch, self._mem
+        for seq in range(1, len(tree.leaves)):  # every branch sees the cached prefix
+            llama_cpp.llama_memory_seq_cp(mem, 0, seq, -1, -1)
+        for i in range(n):
+            batch.token[i] = ids[i]
+            batch.pos[i] = tree.pos0 + tree.depth[i]
+            batch.logits[i] = True
+            batch.n_seq_id[i] = len(tree.seqs[i])
+            for j, seq in enumerate(tree.seqs[i]):
+                batch.seq_id[i][j] = seq
+        batch.n_tokens = n
+        t0 = time.perf_counter()
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+        finally:
+            self.decode_s += time.perf_counter() - t0
+            for i in range(n):
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+        if rc != 0:
+            llama_cpp.llama_memory_seq_rm(mem, 0, tree.pos0, -1)
+            for seq in range(1, len(tree.leaves)):
+                llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
+            raise EdgeSpecError(f"llama_decode failed with code {rc} on a token tree")
+        self._tree = tree
+        return self._logits_view(n)
+
+    def keep_tree(self, path: Sequence[int]) -> None:
+        """After decode_tree(): keep tokens[0] and the tree tokens on `path` (indices, each the
+        child of the one before, the first a child of tokens[0]) in the cache; drop the rest."""
+        tree = self._tree
+        if tree is None:
+            raise InvalidRequestError("keep_tree() without a decoded tree")
+        path = [int(i) for i in path]
+        for prev, node in zip([0, *path], path):
+            if not 0 < node < len(tree.tokens) or tree.parents[node] != prev:
+                raise InvalidRequestError(f"{path} is not a path of the tree")
+        self._tree = None
+        end = tree.pos0 + 1 + len(path)  # the kept positions end here
+        mem = self._mem
+        seq = tree.seqs[path[-1] if path else 0][0]  # a branch holding the whole path
+        if seq == 0:
+            ok = llama_cpp.llama_memory_seq_rm(mem, 0, end, -1)
+        else:
+            ok = llama_cpp.llama_memory_seq_rm(mem, 0, tree.pos0 + 1, -1)
+            llama_cpp.llama_memory_seq_cp(mem, seq, 0, tree.pos0 + 1, end)
+        for other in range(1, len(tree.leaves)):
+            llama_cpp.llama_memory_seq_rm(mem, other, -1, -1)
+        kept = [tree.tokens[0], *(tree.tokens[i] for i in path)]
+        if not ok:  # a cache that cannot drop part of a sequence: start over
+            kept = self.tokens + kept
+            self.reset()
+            self.decode(kept)
+            return
+        self.tokens.extend(kept)
+
+    @property
+    def max_tree_leaves(self) -> int:
+        """How many branches a token tree may have here (1: chains only)."""
+        return 1 if self.info.is_recurrent else MAX_TREE_LEAVES
 
     def sync(self, tokens: Sequence[int], keep_max: int | None = None) -> int:
         """Make the cache hold exactly `tokens`, re-decoding only after the common prefix (at most
@@ -400,6 +496,42 @@ class LlamaModel:
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
         self.tokens = []
+        self._tree = None
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """A decoded token tree's layout: each token's depth below tokens[0] and the sequences
+    (one per leaf, in index order) whose branch passes through it."""
+
+    pos0: int
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depth: tuple[int, ...]
+    seqs: tuple[tuple[int, ...], ...]
+    leaves: tuple[int, ...]
+
+    @classmethod
+    def build(cls, pos0: int, tokens: list[int], parents: Sequence[int]) -> _Tree:
+        n = len(tokens)
+        parents = tuple(int(p) for p in parents)
+        if len(parents) != n or parents[0] != -1:
+            raise InvalidRequestError("a tree needs one parent per token, -1 for the first")
+        if any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+            raise InvalidRequestError("a tree token's parent must be an earlier token")
+        depth = [0] * n
+        has_child = [False] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+            has_child[parents[i]] = True
+        leaves = tuple(i for i in range(n) if not has_child[i])
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        for seq, leaf in enumerate(leaves):
+            node = leaf
+            while node >= 0:
+                seqs[node].append(seq)
+                node = parents[node]
+        return cls(pos0, tuple(tokens), parents, tuple(depth), tuple(map(tuple, seqs)), leaves)
 
 
 class _ArrayInterface:

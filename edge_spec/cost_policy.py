@@ -7,9 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts, RequestEstimate
+from .estimators import (
+    AcceptanceEstimate,
+    ConfidenceCalibration,
+    OnlineCosts,
+    RatioEstimate,
+    RequestEstimate,
+)
 from .policy import (
     DRAFT_SOURCES,
+    MAX_TREE_LEAVES,
     PLAIN,
     Consensus,
     CostCurve,
@@ -18,6 +25,7 @@ from .policy import (
     StepOutcome,
     StepPlan,
     model_lag_after,
+    token_tree,
 )
 
 # The n-gram source's acceptance is estimated per match length (1, 2, 3-5, 6-11, 12+ tokens)
@@ -60,6 +68,12 @@ class CostModelK:
     a few per cent of the target alone however wrong the acceptance estimates or the cost curve
     are: the ledger is kept in measured seconds.
 
+    An n-gram draft whose matched n-gram went on in several ways may become a token tree:
+    branch tokens are added, heaviest first, while each adds expected tokens (its weight, the
+    share of occurrences that went that way, times a learned calibration) faster than the
+    plan's rate pays for its extra verified token, t(n + 1) - t(n). On a CPU, where that costs
+    a quarter to half a step, a branch rarely pays; on flat GPU curves, often.
+
     Evidence stays fresh three ways. When outcomes carry the produced tokens, every step
     scores the n-gram candidate against them, whichever source drafted (free evidence). A
     model that stops being chosen is probed with k = 1 after 8, 16, ... 128 steps without it
@@ -84,6 +98,7 @@ class CostModelK:
         margin: float = 0.05,
         risk_floor: float | None = 0.5,
         risk_rate: float = 0.04,
+        tree_nodes: int = 8,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
@@ -105,6 +120,9 @@ class CostModelK:
             for kind, g in NGRAM_CONSENSUS_PRIOR.items()
         }
         self.calibration = ConfidenceCalibration()
+        self.tree_nodes = tree_nodes  # the most branch tokens one tree adds (0: chains only)
+        self.branch_yield = RatioEstimate(prior=0.5)  # branch tokens accepted per unit weight
+        self._ngram_tree = 0  # branch tokens the n-gram option's best plan adds
         self.probes = {s: _Probe(probe_min) for s in DRAFT_SOURCES}
         self._since_model_s = 0.0  # target time since the model last drafted (probe budget)
         self._scored_ngram = False  # whether outcomes carry tokens to score n-gram candidates
@@ -132,6 +150,13 @@ class CostModelK:
         self._lost_s = 0.0  # measured seconds drafting lost (negative: gained) this request
         self._plain_s = 0.0  # what the tokens produced so far take as plain steps
 
+    def _allowance(self) -> float:
+        """Seconds the next step may lose, every drafted token rejected (inf: ledger off)."""
+        if self.risk_floor is None:
+            return float("inf")
+        t1 = self.costs.t(1)
+        return self.risk_floor * t1 + self.risk_rate * self._plain_s - self._lost_s
+
     def _risk_caps(self, k_cap: int) -> dict[SourceName, int]:
         """Per draft source, the largest k whose total loss (every token rejected) stays within
         the request's allowance (k_cap for every source when the ledger is off)."""
@@ -139,7 +164,7 @@ class CostModelK:
             return dict.fromkeys(DRAFT_SOURCES, k_cap)
         c = self.costs
         t1 = c.t(1)
-        allowance = self.risk_floor * t1 + self.risk_rate * self._plain_s - self._lost_s
+        allowance = self._allowance()
         caps: dict[SourceName, int] = {}
         for source in DRAFT_SOURCES:
             k = 0
@@ -192,11 +217,35 @@ class CostModelK:
             alphas = self.model.alphas(model_cap)
             out["model"] = self._best_k(alphas, model_cap, fixed, per_token)
         ngram_cap = min(k_cap, caps.get("ngram", k_cap))
+        self._ngram_tree = 0
         if "ngram" in sources and ngram is not None and ngram.tokens and ngram_cap > 0:
             cap = min(ngram_cap, len(ngram.tokens))
             alphas = self._bucket(ngram.match_len, ngram.consensus).alphas(cap)
-            out["ngram"] = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
+            k, rate = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
+            if ngram.branches and self.tree_nodes > 0 and k > 0:
+                self._ngram_tree, rate = self._tree(ngram, k, rate, k_cap - k)
+            out["ngram"] = (k, rate)
         return out
+
+    def _tree(self, ngram: NgramCandidate, k: int, rate: float, room: int) -> tuple[int, float]:
+        """(branch tokens to add to an n-gram chain of k, the plan's rate with them): the
+        count whose expected tokens per second is best, within `room` tokens and the
+        request's risk allowance."""
+        c = self.costs
+        fixed = c.overhead_s + c.ngram_s
+        expected = rate * (fixed + c.t(k + 1))
+        weights = token_tree(ngram, k, min(self.tree_nodes, room), MAX_TREE_LEAVES).branch_weights
+        allowance = self._allowance() + c.t(1)
+        best_n, best_rate = 0, rate
+        yield_per_weight = self.branch_yield.value
+        for n, weight in enumerate(weights, 1):
+            if c.t(k + 1 + n) > allowance:
+                break
+            expected += yield_per_weight * weight
+            tree_rate = expected / (fixed + c.t(k + 1 + n))
+            if tree_rate > best_rate:
+                best_n, best_rate = n, tree_rate
+        return best_n, best_rate
 
     def plan(
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
@@ -210,12 +259,13 @@ class CostModelK:
         self._candidate = ngram
         for name in DRAFT_SOURCES:
             self.probes[name].pending = False
+        tree = self._ngram_tree if source == "ngram" else 0
         if source != "model":
             probe = self._probe(sources, k_cap, ngram, source, rate)
             if probe is not None and caps[probe] < 1:
                 probe = None
             if probe is not None:
-                source, k = probe, 1
+                source, k, tree = probe, 1, 0
                 self.probes[probe].pending = True
         self._rate = rate
         self._reach = 1.0
@@ -224,7 +274,7 @@ class CostModelK:
             # The cap: keep_drafting() decides where the draft really stops.
             self._k_plan = min(k_cap, self.k_max, caps["model"])
         self._alphas = self.model.alphas(self._k_plan) if source == "model" else []
-        return StepPlan(source, self._k_plan) if self._k_plan > 0 else PLAIN
+        return StepPlan(source, self._k_plan, tree) if self._k_plan > 0 else PLAIN
 
     def _probe(
         self,
@@ -285,6 +335,8 @@ class CostModelK:
         self.n_fresh = model_lag_after(self.n_fresh, outcome)
         used = outcome.source if outcome.n_drafted > 0 else "none"
         observed: list[AcceptanceEstimate | RequestEstimate] = []
+        if outcome.n_branch_nodes > 0:
+            self.branch_yield.observe(outcome.branch_weight, outcome.n_branch_accepted)
         if used == "model":
             observed.append(self.model)
             self.model.observe(outcome.n_drafted, outcome.n_accepted)

@@ -18,9 +18,9 @@ from .backend import LlamaModel
 from .drafts import NO_DRAFT, Draft, DraftSource, ModelDraft, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
 from .keys import SampleKeys
-from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan
+from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan, token_tree
 from .sampling import SamplingParams
-from .verify import Verdict, verify_greedy, verify_keyed
+from .verify import Verdict, verify_greedy, verify_keyed, verify_tree
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ class Step:
     draft_s: float  # planning and drafting
     verify_s: float  # the target pass, verification, rollback and policy feedback
     decode_s: float = 0.0  # of draft_s + verify_s, the time inside llama_decode (both models)
+    n_branch_nodes: int = 0  # a token tree: its branch tokens (also counted in n_drafted)
+    n_branch_accepted: int = 0  # accepted tokens that came from a branch
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ def run_steps(
     context = list(prompt)
     names = tuple(sources)
     ngram = sources.get("ngram")
+    # Token trees need a target that keeps one sequence per branch, and a policy that plans them.
+    trees = policy.tree_nodes > 0 and target.max_tree_leaves > 1
 
     t0 = time.perf_counter()
     cached = target.sync(context[:-1])
@@ -95,18 +99,23 @@ def run_steps(
         k_cap = min(k_max, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
         t0 = time.perf_counter()
         decode0_s = sum(m.decode_s for m in models)
-        candidate = ngram.candidate(context, k_cap) if isinstance(ngram, NgramDraft) else None
+        candidate = (
+            ngram.candidate(context, k_cap, branches=trees)
+            if isinstance(ngram, NgramDraft)
+            else None
+        )
         plan = policy.plan(names, k_cap, candidate)
-        draft = _propose(plan, sources, candidate, context, sampling, keys, policy)
+        draft, branch_weights = _propose(
+            plan, sources, candidate, context, sampling, keys, policy, target.max_tree_leaves
+        )
         t1 = time.perf_counter()
-        batch = [context[-1], *draft.tokens]
-        logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
-        verdict = _verify(draft, logits, sampling, keys, len(context))
-        target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
+        verdict = _target_pass(target, draft, context, sampling, keys)
         context.extend(verdict.tokens)
         n_out += len(verdict.tokens)
         t2 = time.perf_counter()
         match_len = candidate.match_len if candidate and plan.source == "ngram" else 0
+        n_main = len(draft.tokens) - len(branch_weights)  # tree: main chain, then branches
+        n_branch_accepted = sum(i >= n_main for i in verdict.path)
         policy.update(
             StepOutcome(
                 plan.source,
@@ -117,6 +126,9 @@ def run_steps(
                 t1 - t0,
                 t2 - t1,
                 tokens=verdict.tokens,
+                n_branch_nodes=len(branch_weights),
+                n_branch_accepted=n_branch_accepted,
+                branch_weight=sum(branch_weights),
             )
         )
         yield Step(
@@ -128,6 +140,8 @@ def run_steps(
             t1 - t0,
             t2 - t1,
             sum(m.decode_s for m in models) - decode0_s,
+            len(branch_weights),
+            n_branch_accepted,
         )
 
 
@@ -139,14 +153,38 @@ def _propose(
     sampling: SamplingParams,
     keys: SampleKeys,
     policy: KPolicy,
-) -> Draft:
-    """The plan's draft: nothing, the n-gram candidate's head, or a model draft that the policy
-    may stop early."""
+    max_leaves: int,
+) -> tuple[Draft, tuple[float, ...]]:
+    """The plan's draft -- nothing, the n-gram candidate's head (or a token tree of it and its
+    branches), or a model draft that the policy may stop early -- and its branch tokens'
+    weights."""
     if plan.k == 0 or plan.source == "none":
-        return NO_DRAFT
+        return NO_DRAFT, ()
     if plan.source == "ngram" and candidate is not None:
-        return Draft(candidate.tokens[: plan.k])
-    return sources[plan.source].propose(context, plan.k, sampling, keys, policy.keep_drafting)
+        if plan.tree_nodes > 0 and candidate.branches and max_leaves > 1:
+            tree = token_tree(candidate, plan.k, plan.tree_nodes, max_leaves)
+            if tree.branch_weights:
+                return Draft(tree.tokens, parents=tree.parents), tree.branch_weights
+        return Draft(candidate.tokens[: plan.k]), ()
+    draft = sources[plan.source].propose(context, plan.k, sampling, keys, policy.keep_drafting)
+    return draft, ()
+
+
+def _target_pass(
+    target: LlamaModel, draft: Draft, context: list[int], sampling: SamplingParams, keys: SampleKeys
+) -> Verdict:
+    """One target pass over [last token, draft...] (a chain, or a token tree with one sequence
+    per branch), verified; the cache keeps what was accepted."""
+    batch = [context[-1], *draft.tokens]
+    if draft.parents:
+        logits = target.decode_tree(batch, (-1, *(p + 1 for p in draft.parents)))
+        verdict = verify_tree(draft.tokens, draft.parents, logits, sampling, keys, len(context))
+        target.keep_tree([i + 1 for i in verdict.path])
+        return verdict
+    logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
+    verdict = _verify(draft, logits, sampling, keys, len(context))
+    target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
+    return verdict
 
 
 def _verify(

@@ -109,6 +109,27 @@ class RequestEstimate:
                 self.accepted[i] += 1.0
 
 
+class RatioEstimate:
+    """observed / expected over exponentially decayed sums, leaning on `prior` with
+    `prior_weight` pseudo-counts of expectation: how far a token tree's branch weights (the
+    share of occurrences that went each way) over- or under-state the tokens its branches
+    really yield."""
+
+    def __init__(self, prior: float, decay: float = 0.95, prior_weight: float = 2.0) -> None:
+        self.prior, self.decay, self.prior_weight = prior, decay, prior_weight
+        self._expected = 0.0
+        self._observed = 0.0
+
+    @property
+    def value(self) -> float:
+        w = self.prior_weight
+        return (self._observed + w * self.prior) / (self._expected + w)
+
+    def observe(self, expected: float, observed: float) -> None:
+        self._expected = self.decay * self._expected + expected
+        self._observed = self.decay * self._observed + observed
+
+
 class ConfidenceCalibration:
     """P(a draft token is accepted | the draft's probability for it), per confidence bin, from
     decayed counts; each bin's prior is the confidence itself (a calibrated draft)."""

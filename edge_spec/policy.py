@@ -76,6 +76,18 @@ Consensus = Literal["one", "all", "split"]
 
 
 @dataclass(frozen=True)
+class Branch:
+    """Another way the matched n-gram's occurrences went on: tokens that replace the main
+    proposal from position `depth` on (depth 0: an alternative first token). weights[j] is the
+    share of the occurrences that went on with tokens[: j + 1] there -- the empirical chance
+    of reaching node j, which a token tree (SuffixDecoding's score) sums."""
+
+    depth: int
+    tokens: tuple[int, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class NgramCandidate:
     """What the n-gram lookup could propose this step (computed before planning: it is cheap)."""
 
@@ -86,6 +98,9 @@ class NgramCandidate:
     # than one whose occurrences went different ways.
     n_occurrences: int = 1
     n_agreeing: int = 1
+    # Where the other occurrences went different ways, heaviest first: a token tree's
+    # branches (only when asked for, see NgramDraft.candidate).
+    branches: tuple[Branch, ...] = ()
 
     @property
     def consensus(self) -> Consensus:
@@ -96,12 +111,56 @@ class NgramCandidate:
 
 
 NO_MATCH = NgramCandidate((), 0, 0, 0)  # the n-gram lookup found nothing
+MAX_TREE_LEAVES = 4  # branches per token tree (the target's context keeps one sequence each)
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """An n-gram draft as a token tree: the first k proposal tokens as a chain, then branch
+    tokens (Draft.parents' layout), with each branch token's weight."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    branch_weights: tuple[float, ...]
+
+    @property
+    def n_main(self) -> int:
+        return len(self.tokens) - len(self.branch_weights)
+
+
+def token_tree(
+    candidate: NgramCandidate, k: int, n_nodes: int, max_leaves: int = MAX_TREE_LEAVES
+) -> TokenTree:
+    """The candidate's first k tokens, then up to n_nodes tokens of its branches, heaviest
+    first: a branch forking at depth d < k hangs from main token d - 1 (from the context's
+    last token when d = 0); each branch adds a leaf, at most max_leaves in all. The cost model
+    sizes n_nodes on the weights of exactly these tokens, in this order."""
+    tokens = list(candidate.tokens[:k])
+    parents = list(range(-1, len(tokens) - 1))
+    weights: list[float] = []
+    leaves = 1
+    for branch in candidate.branches:
+        if len(weights) >= n_nodes or leaves >= max_leaves:
+            break
+        if branch.depth >= len(tokens):
+            continue
+        parent = branch.depth - 1
+        for token, weight in zip(branch.tokens[: n_nodes - len(weights)], branch.weights):
+            tokens.append(token)
+            parents.append(parent)
+            parent = len(tokens) - 1
+            weights.append(weight)
+        leaves += 1
+    return TokenTree(tuple(tokens), tuple(parents), tuple(weights))
 
 
 @dataclass(frozen=True)
 class StepPlan:
     source: SourceName
     k: int  # draft at most k tokens (0: a plain target step)
+    # n-gram source: up to this many more tokens from the candidate's branches, verified with
+    # the k main tokens as one token tree (0: a linear draft).
+    tree_nodes: int = 0
 
 
 PLAIN = StepPlan("none", 0)
@@ -119,6 +178,11 @@ class StepOutcome:
     # The tokens the step produced (accepted draft tokens, then the target's token). Optional:
     # when given, the cost model scores the step's n-gram candidate against them for free.
     tokens: tuple[int, ...] = ()
+    # A token tree: how many of the n_drafted tokens were branch nodes (beyond the main
+    # path), and how many of the accepted tokens came from a branch.
+    n_branch_nodes: int = 0
+    n_branch_accepted: int = 0
+    branch_weight: float = 0.0  # the branch nodes' summed Branch.weights (what was expected)
 
 
 def model_lag_after(n_fresh: int, outcome: StepOutcome) -> int:
@@ -132,6 +196,9 @@ def model_lag_after(n_fresh: int, outcome: StepOutcome) -> int:
 
 class KPolicy(Protocol):
     name: str
+    # The most branch tokens a plan may add to an n-gram draft (0: chains only): the engine
+    # asks the lookup for branches only then.
+    tree_nodes: int
 
     def wants_model(self) -> bool:
         """Asked before begin(): whether the model draft is likely to draft in the coming
@@ -167,11 +234,16 @@ def expected_tokens(alphas: Sequence[float]) -> float:
     return total
 
 
-def _clamp_k(source: SourceName, k: int, k_cap: int, ngram: NgramCandidate | None) -> StepPlan:
+def _clamp_k(
+    source: SourceName, k: int, k_cap: int, ngram: NgramCandidate | None, tree_nodes: int = 0
+) -> StepPlan:
     k = min(k, k_cap)
     if source == "ngram":
         k = min(k, len(ngram.tokens)) if ngram is not None else 0
-    return StepPlan(source, k) if k > 0 and source != "none" else PLAIN
+        tree_nodes = min(tree_nodes, max(k_cap - k, 0)) if ngram is not None else 0
+    else:
+        tree_nodes = 0
+    return StepPlan(source, k, tree_nodes) if k > 0 and source != "none" else PLAIN
 
 
 def _pick_source(preferred: SourceName | None, sources: Sequence[SourceName]) -> SourceName:
@@ -185,13 +257,16 @@ def _pick_source(preferred: SourceName | None, sources: Sequence[SourceName]) ->
 
 class FixedK:
     """Always the same source and k (capped by k_cap and the n-gram proposal's length).
-    source None: the model draft if the engine has one, else the n-gram lookup."""
+    source None: the model draft if the engine has one, else the n-gram lookup. tree_nodes:
+    n-gram steps also verify up to that many branch tokens as a token tree (k_cap bounds the
+    whole tree)."""
 
-    def __init__(self, k: int, source: SourceName | None = None) -> None:
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
+    def __init__(self, k: int, source: SourceName | None = None, tree_nodes: int = 0) -> None:
+        if k < 0 or tree_nodes < 0:
+            raise ValueError(f"k and tree_nodes must be >= 0, got {k}, {tree_nodes}")
         self.k = k
         self.source = source
+        self.tree_nodes = tree_nodes
         self.name = f"fixed-{source or 'auto'}-{k}" if source != "none" else "none"
 
     def wants_model(self) -> bool:
@@ -203,7 +278,8 @@ class FixedK:
     def plan(
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
     ) -> StepPlan:
-        return _clamp_k(_pick_source(self.source, sources), self.k, k_cap, ngram)
+        source = _pick_source(self.source, sources)
+        return _clamp_k(source, self.k, k_cap, ngram, self.tree_nodes)
 
     def keep_drafting(self, i: int, confidence: float) -> bool:
         return True

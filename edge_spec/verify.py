@@ -22,7 +22,14 @@ import numpy as np
 from edge_spec.keys import SampleKeys
 from edge_spec.sampling import LazyProbs, SamplingParams, argmax, sample
 
-__all__ = ["Verdict", "verify_greedy", "verify_keyed", "verify_rejection"]
+__all__ = [
+    "Verdict",
+    "check_tree",
+    "verify_greedy",
+    "verify_keyed",
+    "verify_rejection",
+    "verify_tree",
+]
 
 # A residual whose mass is below this is rounding noise (p_draft == p_target up to float error).
 # Reaching it needs a rejection, whose probability is that same mass, so falling back to p_target
@@ -36,6 +43,7 @@ class Verdict:
 
     tokens: tuple[int, ...]  # accepted draft tokens + one target token; length n_accepted + 1
     n_accepted: int  # how many of the k draft tokens were accepted (0..k)
+    path: tuple[int, ...] = ()  # a token tree: the indices of the accepted draft tokens
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Verdict:
@@ -84,6 +92,58 @@ def _match(tokens: tuple[int, ...], target_token: Callable[[int], int]) -> Verdi
         if chosen != token:
             return Verdict(tokens[:i] + (chosen,), i)
     return Verdict(tokens + (target_token(len(tokens)),), len(tokens))
+
+
+def verify_tree(
+    draft_tokens: Sequence[int],
+    parents: Sequence[int],
+    target_logits: np.ndarray,
+    params: SamplingParams,
+    keys: SampleKeys,
+    first_position: int,
+) -> Verdict:
+    """Verification of a token tree, exact like the chain: starting at the context's last
+    token (row 0), the target chooses its token for the next position (its argmax, or its
+    keyed draw for that position); if a child of the current node is that token, it is
+    accepted and the walk goes on from it (its row is 1 + its index), else the target's
+    token ends the step. A chain (parents i - 1) gives verify_greedy's / verify_keyed's
+    verdict; any tree gives the tokens the target alone would produce.
+
+    Requires: a tree as check_tree accepts it and target_logits of shape (n + 1, n_vocab).
+    Raises: ValueError on a malformed tree, a shape mismatch or an out-of-range token.
+    """
+    tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
+    children = check_tree(tokens, parents)
+
+    def choose(row: int, depth: int) -> int:
+        if params.greedy:
+            return argmax(target_logits[row])
+        return keys.draw(target_logits[row], params, first_position + depth)[0]
+
+    path: list[int] = []
+    node = -1
+    while True:
+        chosen = choose(node + 1, len(path))
+        node = children.get((node, chosen), -2)
+        if node == -2:
+            accepted = tuple(tokens[i] for i in path)
+            return Verdict(accepted + (chosen,), len(path), tuple(path))
+        path.append(node)
+
+
+def check_tree(tokens: Sequence[int], parents: Sequence[int]) -> dict[tuple[int, int], int]:
+    """{(parent, token): child} of a token tree: one parent per token (-1: the context's last
+    token), parents before children, siblings distinct. Raises ValueError otherwise."""
+    if len(parents) != len(tokens):
+        raise ValueError(f"a tree needs one parent per token: {len(parents)} for {len(tokens)}")
+    children: dict[tuple[int, int], int] = {}
+    for i, (token, parent) in enumerate(zip(tokens, parents)):
+        if not -1 <= parent < i:
+            raise ValueError(f"token {i}'s parent must be in [-1, {i}), got {parent}")
+        if (parent, token) in children:
+            raise ValueError(f"token {i} repeats a sibling ({token})")
+        children[parent, token] = i
+    return children
 
 
 def verify_rejection(

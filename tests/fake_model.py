@@ -137,6 +137,26 @@ class FakeLlama:
         assert 0 <= n_keep <= self.n_past
         del self.tokens[n_keep:]
 
+    max_tree_leaves = 4
+
+    def decode_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Row i: the logits after the cache and token i's branch (its ancestors, then it)."""
+        assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i)
+        branches: list[list[int]] = []
+        for i, token in enumerate(tokens):
+            branches.append([*(branches[parents[i]] if i else []), int(token)])
+        assert self.n_past + max(map(len, branches)) <= self.n_ctx, "engine overran the context"
+        self.n_decoded += len(tokens)
+        self._tree = branches
+        return np.stack([self.model.logits(self.tokens + branch) for branch in branches])
+
+    def keep_tree(self, path: Sequence[int]) -> None:
+        branches = self._tree
+        kept = branches[path[-1]] if path else branches[0]
+        assert len(kept) == len(path) + 1
+        self.tokens.extend(kept)
+        self._tree = None
+
     def sync(self, tokens: Sequence[int]) -> int:
         common = 0
         while common < min(len(tokens), self.n_past) and self.tokens[common] == tokens[common]:

@@ -16,11 +16,14 @@ from edge_spec.sampling import SamplingParams, argmax
 PREFIX = [1, 2, 3]
 
 
-def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling):
-    """run_steps with one draft source (plus "none") under a fixed-k policy."""
+def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes=0):
+    """run_steps with one draft source (plus "none") under a fixed-k policy (n-gram drafts
+    with up to tree_nodes branch tokens as a token tree)."""
     sources = {source.name: source, "none": NoDraft()}
+    policy = FixedK(k, tree_nodes=tree_nodes)
+    k_max = k + tree_nodes
     return run_steps(
-        target, sources, FixedK(k), prompt, k_max=k, max_tokens=max_tokens, sampling=sampling
+        target, sources, policy, prompt, k_max=k_max, max_tokens=max_tokens, sampling=sampling
     )
 
 
@@ -143,28 +146,34 @@ N_RUNS = 50_000
         ("model", SamplingParams(temperature=1.0, seed=11)),
         ("model", SamplingParams(temperature=0.7, top_k=4, top_p=0.9, seed=12)),
         ("ngram", SamplingParams(temperature=0.8, seed=13)),
+        ("tree", SamplingParams(temperature=0.8, seed=14)),
     ],
 )
 def test_sampled_output_follows_the_target_through_the_engine(mode: str, params) -> None:
     """The first two tokens of N_RUNS generations through run_steps, against the exact target
-    joint distribution; the bound is derived in fake_model.tv_bound."""
+    joint distribution; the bound is derived in fake_model.tv_bound. "tree": n-gram drafts
+    verified as token trees."""
     target_model = make_target()
     target = FakeLlama(target_model)
     draft_llama = FakeLlama(make_draft(target_model))
     source = ModelDraft(draft_llama) if mode == "model" else NgramDraft(max_ngram=2)
     prompt = [1, 2, 1, 2, 1]  # repetitive, so the n-gram source does propose
+    if mode == "tree":
+        prompt = [1, 2, 3, 0, 1, 2, 4, 0, 1, 2]  # (1, 2) went on two ways: a tree
+    tree_nodes = 3 if mode == "tree" else 0
     rng_seeds = np.random.default_rng(params.seed).integers(0, 2**62, size=N_RUNS)
     cells = np.empty(N_RUNS, dtype=np.int64)
-    n_drafted = 0
+    n_drafted = n_trees = 0
     for run, seed in enumerate(rng_seeds):
         out: list[int] = []
         sampling = SamplingParams(
             params.temperature, params.top_k, params.top_p, params.min_p, seed=int(seed)
         )
-        for event in steps(source, target, prompt, 2, 3, sampling):
+        for event in steps(source, target, prompt, 2, 3 + tree_nodes, sampling, tree_nodes):
             if isinstance(event, Step):
                 out.extend(event.tokens)
                 n_drafted += event.n_drafted
+                n_trees += event.n_branch_nodes > 0
         cells[run] = out[0] * N_VOCAB + out[1]
     empirical = np.bincount(cells, minlength=N_VOCAB**2) / N_RUNS
     p_first = target_model.probs(prompt, params)
@@ -173,13 +182,37 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
     )
     tv = 0.5 * float(np.abs(empirical - exact).sum())
     assert n_drafted > N_RUNS // 2  # speculation really happened
+    assert (n_trees > N_RUNS // 4) == (mode == "tree")
     assert tv < tv_bound(N_RUNS, N_VOCAB**2), tv
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)])
+def test_token_trees_give_exactly_the_targets_own_output(params: SamplingParams) -> None:
+    """Greedy, and sampled with a seed: the same tokens with token trees, with chains and with
+    no draft at all; and trees were really verified, some accepted along a branch."""
+    target = FakeLlama(make_target())
+    prompts = ([1, 2, 3, 1, 2, 4, 0, 1, 2, 3, 1, 2], [4, 0, 4, 1, 4, 0, 4, 2, 4, 0], [2, 2])
+    n_trees = n_branch_wins = 0
+    for prompt in prompts:
+        alone = generate(NoDraft(), target, prompt, 0, 60, params)
+        assert generate(NgramDraft(max_ngram=2), target, prompt, 3, 60, params) == alone
+        source = NgramDraft(max_ngram=2)
+        got: list[int] = []
+        for event in steps(source, target, prompt, 3, 60, params, tree_nodes=4):
+            if isinstance(event, Step):
+                got.extend(event.tokens)
+                n_trees += event.n_branch_nodes > 0
+                n_branch_wins += event.n_branch_accepted > 0
+        assert got == alone
+        assert target.tokens == (prompt + got)[:-1]
+    assert n_trees > 10 and n_branch_wins > 0
 
 
 def test_ngram_index_answers_like_the_plain_scan() -> None:
     from edge_spec.drafts.ngram import NgramIndex, lookup
 
     rng = np.random.default_rng(5)
+    n_branches = 0
     for _ in range(30):
         index = NgramIndex(max_ngram=3)
         context = rng.integers(0, 6, size=3).tolist()
@@ -187,10 +220,14 @@ def test_ngram_index_answers_like_the_plain_scan() -> None:
             k = int(rng.integers(0, 6))
             assert index.lookup(context, k, 1) == lookup(context, k, 3, 1), context
             assert index.lookup(context, k, 2) == lookup(context, k, 3, 2)
+            with_branches = index.lookup(context, k, 1, branches=True)
+            assert with_branches == lookup(context, k, 3, 1, branches=True), context
+            n_branches += bool(with_branches.branches)
             context += rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()
         # A context that is not an extension (a new request) is re-indexed, not mixed up.
         other = rng.integers(0, 6, size=20).tolist()
         assert index.lookup(other, 4, 1) == lookup(other, 4, 3, 1)
+    assert n_branches > 100  # the random contexts did fork
 
 
 def test_ngram_session_index_answers_like_the_plain_scan_over_earlier_requests() -> None:
@@ -205,6 +242,8 @@ def test_ngram_session_index_answers_like_the_plain_scan_over_earlier_requests()
         for _ in range(25):
             k = int(rng.integers(1, 6))
             assert index.lookup(context, k, 1) == lookup(context, k, 3, 1, history)
+            forked = index.lookup(context, k, 1, branches=True)
+            assert forked == lookup(context, k, 3, 1, history, branches=True)
             context += rng.integers(0, 8, size=int(rng.integers(1, 4))).tolist()
         index.lookup(context, 1, 1)
         history.append(context[:-1])
@@ -247,6 +286,26 @@ def test_ngram_candidate_reports_how_the_occurrences_continued() -> None:
     assert (single.tokens, single.match_len, single.consensus) == ((9,), 2, "one")
     none = draft.candidate([5, 6], 3)
     assert (none.tokens, none.match_len, none.n_occurrences) == ((), 0, 0)
+
+
+def test_ngram_candidate_branches_are_the_other_ways_the_occurrences_went() -> None:
+    from edge_spec.drafts.ngram import NgramDraft
+    from edge_spec.policy import Branch
+
+    draft = NgramDraft(max_ngram=2)
+    draft.begin([])
+    # (1, 2) occurred four times, going on 9 8 7 / 9 8 6 / 5 5 5 / 9 8 7 ... and the proposal
+    # copies the one agreeing furthest back (after 0 1 2: 9 8 7).
+    context = [0, 1, 2, 9, 8, 7, 3, 1, 2, 9, 8, 6, 4, 1, 2, 5, 5, 5, 4, 1, 2, 9, 8, 6, 0, 1, 2]
+    candidate = draft.candidate(context, 3, branches=True)
+    assert candidate.tokens == (9, 8, 7) and candidate.match_len == 3
+    assert candidate.n_occurrences == 4
+    # Two of four went 9 8 6 (a fork at depth 2), one went 5 5 5 (a fork at depth 0).
+    assert candidate.branches == (
+        Branch(depth=2, tokens=(6,), weights=(0.5,)),
+        Branch(depth=0, tokens=(5, 5, 5), weights=(0.25, 0.25, 0.25)),
+    )
+    assert draft.candidate(context, 3).branches == ()  # only when asked for
 
 
 def test_ngram_proposal_goes_around_a_loop_that_reaches_the_end_of_the_context() -> None:

@@ -11,6 +11,10 @@ from conftest import PROMPTS
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig, SamplingParams
 from edge_spec.backend import LlamaModel
+from edge_spec.drafts import NgramDraft, NoDraft
+from edge_spec.engine import Step, run_steps
+from edge_spec.errors import InvalidRequestError
+from edge_spec.policy import FixedK
 
 pytestmark = pytest.mark.models
 log = logging.getLogger(__name__)
@@ -184,6 +188,85 @@ def test_kv_rollback_matches_fresh_evaluation(target_path) -> None:
         one_shot = fresh.decode(tokens, [len(tokens) - 1])[0]
         assert int(np.argmax(one_shot)) == int(np.argmax(after_rollback))
         assert float(np.abs(one_shot - after_rollback).max()) < 1.0
+
+
+def test_token_tree_rows_equal_each_branch_decoded_as_a_chain(target_path) -> None:
+    """One decode_tree: every row is what its branch gives decoded alone (each branch sees the
+    cache and its own ancestors, never a sibling); keep_tree leaves the cache as if the kept
+    branch had been decoded as a chain."""
+    with LlamaModel(target_path, n_ctx=512) as model:
+        prompt = model.tokenize(PROMPTS[1])
+        a, b, c = [1000, 1001, 1002], [1000, 2000, 2001], [3000, 3001]
+        tokens = [prompt[-1], *a, 2000, 2001, 3000, 3001]
+        parents = [-1, 0, 1, 2, 1, 4, 0, 6]
+        branch_of_row = [(a, 0), (a, 1), (a, 2), (a, 3), (b, 2), (b, 3), (c, 1), (c, 2)]
+
+        def chain(branch: list[int]) -> np.ndarray:
+            model.reset()
+            model.decode(prompt[:-1])
+            return model.decode([prompt[-1], *branch], range(len(branch) + 1)).copy()
+
+        chains = {tuple(x): chain(x) for x in (a, b, c)}
+        model.reset()
+        model.decode(prompt[:-1])
+        rows = model.decode_tree(tokens, parents).copy()
+        for row, (branch, i) in enumerate(branch_of_row):
+            expected = chains[tuple(branch)][i]
+            assert int(np.argmax(rows[row])) == int(np.argmax(expected)), row
+            assert float(np.abs(rows[row] - expected).max()) < 0.05, row
+        # A sibling's row is far from it: the comparison can tell branches apart.
+        assert float(np.abs(rows[4] - chains[tuple(a)][2]).max()) > 1.0
+
+        model.keep_tree([1, 4, 5])  # the branch b
+        assert model.tokens == [*prompt, *b]
+        after_tree = model.decode([4000], [0])[0].copy()
+        reference = chain([*b, 4000])[-1]
+        assert int(np.argmax(after_tree)) == int(np.argmax(reference))
+        assert float(np.abs(after_tree - reference).max()) < 1.0
+        # Bad trees get one clear error before llama.cpp sees them; the cache stays usable.
+        for bad_tokens, bad_parents in (
+            ([1, 2, 3, 4, 5, 6], [-1, 0, 0, 0, 0, 0]),  # 5 leaves: more than the context holds
+            ([1, 2, 3], [-1, 2, 0]),  # a parent after its child
+            ([1, model.n_vocab], [-1, 0]),  # a token outside the vocabulary
+        ):
+            with pytest.raises(InvalidRequestError):
+                model.decode_tree(bad_tokens, bad_parents)
+        with pytest.raises(InvalidRequestError):
+            model.keep_tree([1])  # no tree was decoded
+        model.decode_tree([5, 6, 7], [-1, 0, 0])
+        with pytest.raises(InvalidRequestError):
+            model.keep_tree([2, 1])  # not a path
+        model.reset()
+
+
+def test_greedy_with_token_trees_equals_target_alone(
+    spec: EdgeSpec, baseline: dict[str, list[int]]
+) -> None:
+    """N-gram drafts verified as token trees (up to 4 branch tokens besides 4 main ones):
+    the target's own greedy tokens, prompt by prompt."""
+    n_trees = 0
+    for prompt in PROMPTS:
+        ids = spec.tokenize(prompt)
+        sources = {"ngram": NgramDraft(), "none": NoDraft()}
+        policy = FixedK(K, "ngram", tree_nodes=4)
+        got: list[int] = []
+        events = run_steps(
+            spec.target,
+            sources,
+            policy,
+            ids,
+            k_max=2 * K,
+            max_tokens=N_TOKENS,
+            sampling=SamplingParams(),
+        )
+        for event in events:
+            if isinstance(event, Step):
+                got.extend(event.tokens)
+                n_trees += event.n_branch_nodes > 0
+        expected = baseline[prompt]
+        assert got[: len(expected)] == expected, prompt[:30]
+    spec.target.reset()
+    assert n_trees > 0, "no token tree was verified: the test proves nothing"
 
 
 def test_stats_are_consistent(spec: EdgeSpec) -> None:

@@ -25,6 +25,9 @@ class Draft:
 
     tokens: tuple[int, ...]
     confidences: tuple[float, ...] = ()  # the draft's probability of each token, when known
+    # A token tree: parents[i] is the index of token i's parent, -1 for the context's last
+    # token; parents come before their children. Empty: a chain (token i follows i - 1).
+    parents: tuple[int, ...] = ()
 
 
 NO_DRAFT = Draft(tokens=())

@@ -9,6 +9,9 @@ MAX_MATCH tokens) is what the cost policy keys its acceptance estimates on: a 20
 predicts a long copy far better than a 2-token one. When the copied occurrence is so recent
 that its continuation runs into the end of the context, the text is repeating itself with that
 period (a loop, frequent in small models' greedy output) and the proposal goes on around it.
+Where the other occurrences went on differently, the candidate can also carry those
+continuations as branches with how many occurrences took each (asked for with
+`branches=True`): the nodes of a token tree, weighted as SuffixDecoding weights its tree.
 Deterministic, so it carries no p_draft; verification treats each token as a point mass.
 
 It runs on every step of the auto mode, so it keeps an index that grows with the context
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..keys import SampleKeys
-from ..policy import NO_MATCH, NgramCandidate
+from ..policy import NO_MATCH, Branch, NgramCandidate
 from ..sampling import SamplingParams
 from .base import Draft, KeepDrafting
 
@@ -87,10 +90,11 @@ class NgramDraft:
             self._sessions.pop(session, None)
         self._index = NgramIndex(self.max_ngram)
 
-    def candidate(self, context: Sequence[int], k: int) -> NgramCandidate:
+    def candidate(self, context: Sequence[int], k: int, branches: bool = False) -> NgramCandidate:
         """What a proposal of up to k tokens would be, with the length of the match and how
-        the matched n-gram's occurrences continued."""
-        return self._index.lookup(context, k, self.min_ngram)
+        the matched n-gram's occurrences continued (with `branches`, also where they went
+        other ways, for a token tree)."""
+        return self._index.lookup(context, k, self.min_ngram, branches)
 
     def propose(
         self,
@@ -142,9 +146,11 @@ class NgramIndex:
             if (kept := [(d, e) for d, e in ends if d >= self._first])
         }
 
-    def lookup(self, context: Sequence[int], k: int, min_ngram: int) -> NgramCandidate:
-        """The same answer as `lookup(context, k, max_ngram, min_ngram, history)` with the
-        session's documents as history."""
+    def lookup(
+        self, context: Sequence[int], k: int, min_ngram: int, branches: bool = False
+    ) -> NgramCandidate:
+        """The same answer as `lookup(context, k, max_ngram, min_ngram, history, branches)`
+        with the session's documents as history."""
         live = self._live
         n_ctx, n_seen = len(context), len(live)
         # The engine passes one list that only grows: then the prefix need not be compared.
@@ -169,10 +175,12 @@ class NgramIndex:
             if ends:
                 scored = [self._scored(d, e, context, n) for d, e in reversed(ends)]
                 # The first of ties: the most recent.
-                source, end, match = max(scored, key=lambda item: item[2])
+                best = max(range(len(scored)), key=lambda i: scored[i][2])
+                source, end, match = scored[best]
                 tokens = _continuation(source, end, k, periodic=source is context)
                 agreeing = sum(_follows(src, e, tokens) for src, e, _ in scored)
-                return NgramCandidate(tokens, match, len(scored), agreeing)
+                forks = _branches(scored, best, tokens, k) if branches else ()
+                return NgramCandidate(tokens, match, len(scored), agreeing, forks)
         return NO_MATCH
 
     def _scored(
@@ -198,6 +206,42 @@ def _continuation(source: Sequence[int], end: int, k: int, periodic: bool) -> tu
     return tuple(tokens)
 
 
+def _branches(
+    occurrences: Sequence[tuple[Sequence[int], int, int]],
+    best: int,
+    tokens: tuple[int, ...],
+    k: int,
+) -> tuple[Branch, ...]:
+    """The ways the occurrences (source, end, match), most recent first, went on other than
+    the proposal `tokens` (copied from occurrences[best]): one branch per (fork depth, first
+    differing token), its tokens from the most recent occurrence that went that way, its
+    weights the share of all occurrences that went on with each of its prefixes; heaviest
+    first, ties to the most recent."""
+    groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+    for i, (source, end, _) in enumerate(occurrences):
+        if i == best:
+            continue
+        went = tuple(int(t) for t in source[end : end + k])
+        depth, limit = 0, min(len(went), len(tokens))
+        while depth < limit and went[depth] == tokens[depth]:
+            depth += 1
+        if depth < limit:  # else it agrees with the proposal as far as either goes
+            groups.setdefault((depth, went[depth]), []).append(went[depth:])
+    n = len(occurrences)
+    out = []
+    for (depth, _), ways in groups.items():
+        head = ways[0]  # the most recent
+        reach = [0] * len(head)  # reach[j]: how many of them went on with head[: j + 1]
+        for way in ways:
+            j = 0
+            while j < min(len(way), len(head)) and way[j] == head[j]:
+                reach[j] += 1
+                j += 1
+        out.append(Branch(depth, head, tuple(r / n for r in reach)))
+    out.sort(key=lambda branch: -branch.weights[0])  # stable: ties stay most recent first
+    return tuple(out)
+
+
 def _follows(source: Sequence[int], end: int, tokens: tuple[int, ...]) -> bool:
     """Whether the occurrence ending at `end` was followed by the proposal's first token (an
     earlier request's document ends before its last token: nothing follows there)."""
@@ -220,14 +264,16 @@ def lookup(
     max_ngram: int,
     min_ngram: int,
     history: Sequence[Sequence[int]] = (),
+    branches: bool = False,
 ) -> NgramCandidate:
     """The reference: up to k tokens that followed an earlier occurrence of the longest
     matching suffix n-gram of `context` (in `history`, oldest first, or in context itself),
     the match length, and how many of the N_RECENT most recent occurrences there were and
     were followed by the proposal's first token. The occurrence copied is the one agreeing with
     the context furthest back (up to MAX_MATCH), ties to the most recent; NO_MATCH when nothing
-    matches. History documents are as the index holds them (each request's context but its
-    last token); the context's own occurrences exclude its final position."""
+    matches. With `branches`, also how the other occurrences went on (`_branches`). History
+    documents are as the index holds them (each request's context but its last token); the
+    context's own occurrences exclude its final position."""
     n_ctx = len(context)
     if k <= 0 or n_ctx < min_ngram + 1:
         return NO_MATCH
@@ -251,7 +297,11 @@ def lookup(
             d, end = recent[best]
             tokens = _continuation(_full(d, docs, ids), end, k, periodic=d == len(docs) - 1)
             agreeing = sum(_follows(_full(d, docs, ids), e, tokens) for d, e in recent)
-            return NgramCandidate(tokens, match, len(recent), agreeing)
+            forks: tuple[Branch, ...] = ()
+            if branches:
+                newest_first = [(_full(d, docs, ids), e, 0) for d, e in reversed(recent)]
+                forks = _branches(newest_first, len(recent) - 1 - best, tokens, k)
+            return NgramCandidate(tokens, match, len(recent), agreeing, forks)
     return NO_MATCH
 
 
