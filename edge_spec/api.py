@@ -87,6 +87,10 @@ class GenerationConfig:
     # (the fixed and heuristic policies then start from DEFAULT_K).
     k: int | None = None
     k_max: int = 16  # the adaptive policies' cap (the profile measures t(n) up to n = 16)
+    # Token trees: the most branch tokens an n-gram draft may add (the cost policy adds them
+    # while they pay; the fixed policy adds as many as the lookup offers). None: 8 under the
+    # cost policy, 0 (chains only) under the others.
+    tree_nodes: int | None = None
     draft_mode: DraftMode | None = None  # None: the EdgeSpec's default
     # None: "fixed" when k is given, else "cost" -- in every draft mode, so that no mode a user
     # can pick runs slower than the target alone.
@@ -108,8 +112,13 @@ class GenerationConfig:
             raise InvalidRequestError(f"k must be an integer >= 0, got {k!r}")
         if isinstance(self.k_max, bool) or not isinstance(self.k_max, int) or self.k_max < 0:
             raise InvalidRequestError(f"k_max must be an integer >= 0, got {self.k_max!r}")
-        if max(self.k or 0, self.k_max) > 64:
-            raise InvalidRequestError(f"k and k_max must be <= 64, got {self.k}, {self.k_max}")
+        tree = self.tree_nodes
+        if tree is not None and (isinstance(tree, bool) or not isinstance(tree, int) or tree < 0):
+            raise InvalidRequestError(f"tree_nodes must be an integer >= 0, got {tree!r}")
+        if max(self.k or 0, self.k_max, tree or 0) > 64:
+            raise InvalidRequestError(
+                f"k, k_max and tree_nodes must be <= 64, got {self.k}, {self.k_max}, {tree}"
+            )
         if self.policy is not None and self.policy not in POLICIES:
             raise InvalidRequestError(
                 f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
@@ -372,7 +381,7 @@ class EdgeSpec:
                 sources,
                 policy,
                 prompt_ids,
-                k_max=max(cfg.k or 0, cfg.k_max),
+                k_max=max((cfg.k or 0) + (cfg.tree_nodes or 0), cfg.k_max),
                 max_tokens=cfg.max_tokens,
                 sampling=cfg.sampling,
             )
@@ -424,10 +433,12 @@ class EdgeSpec:
         policy_name = cfg.policy_name if mode != "none" else "fixed"
         k = (DEFAULT_K if cfg.k is None else cfg.k) if mode != "none" else 0
         # Acceptance differs between greedy and sampled decoding: learn them apart.
-        key = (mode, policy_name, k, cfg.k_max, cfg.sampling.greedy)
+        key = (mode, policy_name, k, cfg.k_max, cfg.tree_nodes, cfg.sampling.greedy)
         if key not in self._policies:
             costs = self.cost_curve() if policy_name == "cost" else None
-            self._policies[key] = make_policy(policy_name, costs, k=k, k_max=max(k, cfg.k_max))
+            self._policies[key] = make_policy(
+                policy_name, costs, k=k, k_max=max(k, cfg.k_max), tree_nodes=cfg.tree_nodes
+            )
         return sources, self._policies[key]
 
     def cost_curve(self) -> CostCurve:

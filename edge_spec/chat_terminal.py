@@ -66,6 +66,7 @@ def run_chat(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         k=args.k,
         k_max=args.k_max,
+        tree_nodes=args.tree_nodes,
         policy=args.policy,
         sampling=SamplingParams(
             temperature=args.temperature,

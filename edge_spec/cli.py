@@ -49,6 +49,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--k", type=int, default=None, help="a fixed draft length (implies --policy fixed)"
     )
     parser.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
+    parser.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=None,
+        help="token trees: the most branch tokens an n-gram draft may add where the session "
+        "went on several ways (default: up to 8 while they pay under the cost policy, none "
+        "under the others; 0: chains only)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +168,7 @@ def _generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         k=args.k,
         k_max=args.k_max,
+        tree_nodes=args.tree_nodes,
         policy=args.policy,
         stop=tuple(args.stop),
         sampling=SamplingParams(

@@ -98,7 +98,7 @@ class CostModelK:
         margin: float = 0.05,
         risk_floor: float | None = 0.5,
         risk_rate: float = 0.04,
-        tree_nodes: int = 8,
+        tree_nodes: int = 8,  # policy.DEFAULT_TREE_NODES
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")

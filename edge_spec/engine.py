@@ -41,6 +41,12 @@ class Step:
     decode_s: float = 0.0  # of draft_s + verify_s, the time inside llama_decode (both models)
     n_branch_nodes: int = 0  # a token tree: its branch tokens (also counted in n_drafted)
     n_branch_accepted: int = 0  # accepted tokens that came from a branch
+    depth: int = 0  # a token tree: its deepest draft position + 1 (a chain: n_drafted)
+
+    @property
+    def n_positions(self) -> int:
+        """How many draft positions (1, 2, ...) the step proposed a token for."""
+        return self.depth if self.n_branch_nodes else self.n_drafted
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,7 @@ def run_steps(
             sum(m.decode_s for m in models) - decode0_s,
             len(branch_weights),
             n_branch_accepted,
+            _depth(draft),
         )
 
 
@@ -168,6 +175,16 @@ def _propose(
         return Draft(candidate.tokens[: plan.k]), ()
     draft = sources[plan.source].propose(context, plan.k, sampling, keys, policy.keep_drafting)
     return draft, ()
+
+
+def _depth(draft: Draft) -> int:
+    """A draft's deepest position + 1 (its length for a chain)."""
+    if not draft.parents:
+        return len(draft.tokens)
+    depth: list[int] = []
+    for parent in draft.parents:
+        depth.append(depth[parent] + 1 if parent >= 0 else 1)
+    return max(depth)
 
 
 def _target_pass(

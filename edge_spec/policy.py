@@ -312,11 +312,18 @@ class HeuristicK(FixedK):
 POLICY_NAMES = ("fixed", "heuristic", "cost")
 
 
-def make_policy(name: str, costs: CostCurve | None, k: int, k_max: int) -> KPolicy:
-    """ "fixed": always k tokens from the model draft (else the n-gram lookup); "heuristic":
-    +2/-1 from k_start = k; "cost": CostModelK on `costs` (required). Raises ValueError."""
+DEFAULT_TREE_NODES = 8  # the cost policy's cap on a token tree's branch tokens
+
+
+def make_policy(
+    name: str, costs: CostCurve | None, k: int, k_max: int, tree_nodes: int | None = None
+) -> KPolicy:
+    """ "fixed": always k tokens from the model draft (else the n-gram lookup), n-gram drafts
+    with up to tree_nodes branch tokens (default none); "heuristic": +2/-1 from k_start = k
+    (chains only); "cost": CostModelK on `costs` (required), branch tokens while they pay, at
+    most tree_nodes (default DEFAULT_TREE_NODES). Raises ValueError."""
     if name == "fixed":
-        return FixedK(min(k, k_max))
+        return FixedK(min(k, k_max), tree_nodes=tree_nodes or 0)
     if name == "heuristic":
         return HeuristicK(k_start=max(1, min(k, k_max)), k_max=max(k_max, 1))
     if name == "cost":
@@ -324,5 +331,6 @@ def make_policy(name: str, costs: CostCurve | None, k: int, k_max: int) -> KPoli
             raise ValueError("the cost policy needs a device cost curve")
         from .cost_policy import CostModelK  # it builds on this module's types
 
-        return CostModelK(costs, k_max=k_max)
+        tree = DEFAULT_TREE_NODES if tree_nodes is None else tree_nodes
+        return CostModelK(costs, k_max=k_max, tree_nodes=tree)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

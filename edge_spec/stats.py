@@ -26,8 +26,10 @@ class GenerationStats:
     acceptance_rate: float  # n_accepted / n_drafted (0 when nothing was drafted)
     mean_accepted_per_step: float  # accepted draft tokens per step
     tokens_per_step: float  # tokens produced per target pass (accepted + the target's own)
-    drafted_per_position: tuple[int, ...]  # how often draft position i was proposed
-    accepted_per_position: tuple[int, ...]  # how often draft position i was accepted
+    # How often draft position i was proposed (by a chain, or by any branch of a token tree)
+    # and accepted.
+    drafted_per_position: tuple[int, ...]
+    accepted_per_position: tuple[int, ...]
     acceptance_per_position: tuple[float, ...]  # their ratio
     steps_by_source: dict[str, int]  # which source drafted each step ("none": a plain step)
     drafted_by_source: dict[str, int]  # draft tokens proposed, per source
@@ -42,6 +44,9 @@ class GenerationStats:
     total_s: float
     decode_s: float = 0.0
     overhead_s: float = 0.0
+    n_tree_steps: int = 0  # steps that verified a token tree
+    n_branch_drafted: int = 0  # of n_drafted, the trees' branch tokens
+    n_branch_accepted: int = 0  # of n_accepted, the tokens accepted along a branch
 
     @property
     def overhead_per_step_s(self) -> float:
@@ -82,6 +87,8 @@ class StatsCollector:
         self.accepted_by_source: dict[str, int] = {}
         self.decode_s = 0.0
         self.k_chosen: list[int] = []
+        self.n_drafted = self.n_accepted = 0
+        self.n_tree_steps = self.n_branch_drafted = self.n_branch_accepted = 0
 
     def prefill(self, event: Prefill) -> None:
         self.n_cached = event.n_cached
@@ -103,16 +110,22 @@ class StatsCollector:
             )
         self.k_chosen += [0] * max(event.k_planned + 1 - len(self.k_chosen), 0)
         self.k_chosen[event.k_planned] += 1
-        grow = max(event.n_drafted - len(self.drafted), 0)
+        self.n_drafted += event.n_drafted
+        self.n_accepted += event.n_accepted
+        if event.n_branch_nodes:
+            self.n_tree_steps += 1
+            self.n_branch_drafted += event.n_branch_nodes
+            self.n_branch_accepted += event.n_branch_accepted
+        grow = max(event.n_positions - len(self.drafted), 0)
         self.drafted += [0] * grow
         self.accepted += [0] * grow
-        for i in range(event.n_drafted):
+        for i in range(event.n_positions):
             self.drafted[i] += 1
         for i in range(event.n_accepted):
             self.accepted[i] += 1
 
     def result(self, n_prompt: int, n_generated: int, total_s: float) -> GenerationStats:
-        n_drafted, n_accepted = sum(self.drafted), sum(self.accepted)
+        n_drafted, n_accepted = self.n_drafted, self.n_accepted
         decode_s = max(total_s - self.prefill_s, 1e-9)
         steps = max(self.n_steps, 1)
         return GenerationStats(
@@ -143,4 +156,7 @@ class StatsCollector:
             total_s=total_s,
             decode_s=self.decode_s,
             overhead_s=max(total_s - self.prefill_s - self.decode_s, 0.0),
+            n_tree_steps=self.n_tree_steps,
+            n_branch_drafted=self.n_branch_drafted,
+            n_branch_accepted=self.n_branch_accepted,
         )

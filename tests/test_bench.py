@@ -55,7 +55,10 @@ def test_parse_strategy() -> None:
     assert parse_strategy("ngram").draft_mode == "ngram"
     null = parse_strategy("none")  # the target alone under another name: the noise floor
     assert (null.draft_mode, null.k, null.name) == ("none", 0, "none")
-    for bad in ("foo", "foo-k2", "model-kx", "ngram-magic"):
+    tree = parse_strategy("ngram-k4-t4")  # token trees: up to 4 branch tokens
+    assert (tree.policy, tree.k, tree.tree_nodes, tree.name) == ("fixed", 4, 4, "ngram-k4-t4")
+    assert parse_strategy("auto-t0").tree_nodes == 0 and parse_strategy("auto").tree_nodes is None
+    for bad in ("foo", "foo-k2", "model-kx", "ngram-magic", "t4", "ngram-tx"):
         with pytest.raises(ValueError):
             parse_strategy(bad)
 

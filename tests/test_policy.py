@@ -12,6 +12,7 @@ from edge_spec.cost_policy import CostModelK
 from edge_spec.estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts
 from edge_spec.policy import (
     PLAIN,
+    Branch,
     CostCurve,
     FixedK,
     HeuristicK,
@@ -20,6 +21,7 @@ from edge_spec.policy import (
     StepPlan,
     expected_tokens,
     make_policy,
+    token_tree,
 )
 from edge_spec.simulate import PromptTrace, replay
 
@@ -183,6 +185,52 @@ def test_a_request_starts_with_a_draft_whose_worst_case_is_half_a_step() -> None
     assert unbounded.plan(("ngram", "none"), 8, candidate).k > 1
     flat = CostModelK(flat_costs(c=0.0), k_max=8, prior_alpha={"ngram": 0.9})
     assert flat.plan(("ngram", "none"), 8, candidate) == StepPlan("ngram", 8)
+
+
+def test_token_tree_layout_follows_the_branch_weights() -> None:
+    branches = (Branch(2, (30, 31), (0.4, 0.2)), Branch(0, (20, 21, 22), (0.3, 0.3, 0.1)))
+    candidate = NgramCandidate((1, 2, 3, 4), 3, 5, 2, branches)
+    tree = token_tree(candidate, 4, 4)
+    # The chain, then the heavier branch from main token 1, then what fits of the other.
+    assert tree.tokens == (1, 2, 3, 4, 30, 31, 20, 21)
+    assert tree.parents == (-1, 0, 1, 2, 1, 4, -1, 6)
+    assert tree.branch_weights == (0.4, 0.2, 0.3, 0.3) and tree.n_main == 4
+    # A branch forking past the chain's end has nothing to hang from; leaves are capped.
+    assert token_tree(candidate, 2, 8).tokens == (1, 2, 20, 21, 22)
+    assert token_tree(candidate, 4, 8, max_leaves=2).tokens == (1, 2, 3, 4, 30, 31)
+
+
+def test_token_trees_are_planned_where_verification_is_cheap_and_dropped_where_branches_fail() -> (
+    None
+):
+    """Branches that one occurrence in five took: a nearly flat curve (3 % per extra token)
+    takes them; this CPU's curve, where an extra verified token costs 10-46 % of a step, does
+    not. Branches that keep failing teach the flat policy to stop adding them."""
+    branches = (Branch(0, (20, 21, 22), (0.2, 0.2, 0.2)), Branch(1, (30,), (0.2,)))
+    candidate = NgramCandidate(tuple(range(4)), 3, 5, 2, branches)
+    gentle = CostCurve(tuple(10 * MS * (1 + 0.03 * n) for n in range(17)))
+    flat = CostModelK(gentle, k_max=16, prior_alpha={"ngram": 0.6})
+    plan = flat.plan(("ngram", "none"), 16, candidate)
+    assert plan.source == "ngram" and plan.k == 4 and plan.tree_nodes == 4
+    cpu = CostModelK(cpu_costs(), k_max=16, prior_alpha={"ngram": 0.6}, risk_floor=None)
+    assert cpu.plan(("ngram", "none"), 16, candidate).tree_nodes == 0
+    for _ in range(30):
+        plan = flat.plan(("ngram", "none"), 16, candidate)
+        tree = token_tree(candidate, plan.k, plan.tree_nodes)
+        flat.update(
+            outcome(
+                "ngram",
+                len(tree.tokens),
+                plan.k,
+                gentle,
+                match_len=3,
+                tokens=(*candidate.tokens[: plan.k], 9),
+                n_branch_nodes=len(tree.branch_weights),
+                branch_weight=sum(tree.branch_weights),
+            )
+        )
+    assert flat.plan(("ngram", "none"), 16, candidate).tree_nodes == 0
+    assert flat.branch_yield.value < 0.4  # learned down from its prior, 0.5
 
 
 def test_drafts_lengthen_as_they_pay_within_the_request() -> None:

@@ -29,6 +29,7 @@ class Strategy:
     policy: str
     k: int | None = None  # the fixed policy's k
     k_max: int = 16
+    tree_nodes: int | None = None  # token trees (GenerationConfig.tree_nodes)
 
     def config(
         self, max_tokens: int, sampling: SamplingParams, stop: tuple[str, ...] = ()
@@ -38,6 +39,7 @@ class Strategy:
             stop=stop,
             k=self.k,
             k_max=self.k_max,
+            tree_nodes=self.tree_nodes,
             draft_mode=self.draft_mode,  # type: ignore[arg-type]
             policy=self.policy,  # type: ignore[arg-type]
             sampling=sampling,
@@ -58,20 +60,27 @@ def parse_strategy(spec: str) -> Strategy:
     """'target'; 'none' (the target alone again: the noise floor); a draft mode alone ('auto',
     'model', 'ngram': the cost policy, as the API and the CLI run them by default); or a mode
     with a policy: 'model-k3', 'ngram-k4' (fixed k), 'model-heuristic', 'ngram-cost' (the same
-    as 'ngram')."""
+    as 'ngram'); any of these with '-tN': token trees of up to N branch tokens ('ngram-k4-t4',
+    'auto-t0': chains only)."""
     if spec == "target":
         return TARGET
     if spec == "none":
         return NULL
-    mode, _, how = spec.partition("-")
+    tree_nodes = None
+    head, _, tail = spec.rpartition("-")
+    if head and tail.startswith("t") and tail[1:].isdigit():
+        spec_core, tree_nodes = head, int(tail[1:])
+    else:
+        spec_core = spec
+    mode, _, how = spec_core.partition("-")
     if mode not in ("model", "ngram", "auto"):
         raise ValueError(f"unknown strategy {spec!r}")
     if not how:
-        return Strategy(spec, mode, "cost")
+        return Strategy(spec, mode, "cost", tree_nodes=tree_nodes)
     if how.startswith("k") and how[1:].isdigit():
-        return Strategy(spec, mode, "fixed", k=int(how[1:]))
+        return Strategy(spec, mode, "fixed", k=int(how[1:]), tree_nodes=tree_nodes)
     if how in ("heuristic", "cost"):
-        return Strategy(spec, mode, how)
+        return Strategy(spec, mode, how, tree_nodes=tree_nodes)
     raise ValueError(f"unknown strategy {spec!r}")
 
 

@@ -91,7 +91,9 @@ def run_serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
     )
     # No session unless a request names one (prompt_cache_key).
-    base = GenerationConfig(k=args.k, k_max=args.k_max, policy=args.policy, session=None)
+    base = GenerationConfig(
+        k=args.k, k_max=args.k_max, tree_nodes=args.tree_nodes, policy=args.policy, session=None
+    )
     # A manifest name is its file's stem; a path is listed by its stem but accepted as given.
     ids = [args.model_alias, target_path.stem, target_name]
     config = ServerConfig(
@@ -107,6 +109,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "policy": args.policy,
             "k": args.k,
             "k_max": args.k_max,
+            "tree_nodes": args.tree_nodes,
             "n_ctx": args.ctx_size,
         },
     )
