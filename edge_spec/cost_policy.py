@@ -25,7 +25,6 @@ from .policy import (
     StepOutcome,
     StepPlan,
     model_lag_after,
-    token_tree,
 )
 
 # The n-gram source's acceptance is estimated per match length (1, 2, 3-5, 6-11, 12+ tokens)
@@ -69,10 +68,11 @@ class CostModelK:
     are: the ledger is kept in measured seconds.
 
     An n-gram draft whose matched n-gram went on in several ways may become a token tree:
-    branch tokens are added, heaviest first, while each adds expected tokens (its weight, the
-    share of occurrences that went that way, times a learned calibration) faster than the
-    plan's rate pays for its extra verified token, t(n + 1) - t(n). On a CPU, where that costs
-    a quarter to half a step, a branch rarely pays; on flat GPU curves, often.
+    main and branch tokens compete for the batch by the expected tokens each adds (a branch
+    token's weight, the share of occurrences that went that way, times a learned yield), and
+    the tree with the best expected tokens per second is kept (see _tree). On a CPU, where an
+    extra verified token costs a tenth to a half of a step, a branch rarely pays; on flat GPU
+    curves, more often.
 
     Evidence stays fresh three ways. When outcomes carry the produced tokens, every step
     scores the n-gram candidate against them, whichever source drafted (free evidence). A
@@ -121,8 +121,8 @@ class CostModelK:
         }
         self.calibration = ConfidenceCalibration()
         self.tree_nodes = tree_nodes  # the most branch tokens one tree adds (0: chains only)
-        self.branch_yield = RatioEstimate(prior=0.5)  # branch tokens accepted per unit weight
-        self._ngram_tree = 0  # branch tokens the n-gram option's best plan adds
+        self.branch_yield = RatioEstimate(prior=0.3)  # branch tokens accepted per unit weight
+        self._ngram_branches: tuple[int, ...] = ()  # the n-gram option's tree (per branch)
         self.probes = {s: _Probe(probe_min) for s in DRAFT_SOURCES}
         self._since_model_s = 0.0  # target time since the model last drafted (probe budget)
         self._scored_ngram = False  # whether outcomes carry tokens to score n-gram candidates
@@ -217,35 +217,60 @@ class CostModelK:
             alphas = self.model.alphas(model_cap)
             out["model"] = self._best_k(alphas, model_cap, fixed, per_token)
         ngram_cap = min(k_cap, caps.get("ngram", k_cap))
-        self._ngram_tree = 0
+        self._ngram_branches: tuple[int, ...] = ()
         if "ngram" in sources and ngram is not None and ngram.tokens and ngram_cap > 0:
             cap = min(ngram_cap, len(ngram.tokens))
             alphas = self._bucket(ngram.match_len, ngram.consensus).alphas(cap)
-            k, rate = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
-            if ngram.branches and self.tree_nodes > 0 and k > 0:
-                self._ngram_tree, rate = self._tree(ngram, k, rate, k_cap - k)
-            out["ngram"] = (k, rate)
+            if ngram.branches and self.tree_nodes > 0:
+                k, self._ngram_branches, rate = self._tree(ngram, alphas, ngram_cap)
+                out["ngram"] = (k, rate)
+            else:
+                out["ngram"] = self._best_k(alphas, cap, c.overhead_s + c.ngram_s, 0.0)
         return out
 
-    def _tree(self, ngram: NgramCandidate, k: int, rate: float, room: int) -> tuple[int, float]:
-        """(branch tokens to add to an n-gram chain of k, the plan's rate with them): the
-        count whose expected tokens per second is best, within `room` tokens and the
-        request's risk allowance."""
+    def _tree(
+        self, ngram: NgramCandidate, alphas: Sequence[float], budget: int
+    ) -> tuple[int, tuple[int, ...], float]:
+        """The n-gram draft as a token tree: (main tokens k, tokens per branch, expected
+        tokens/s). Nodes are added one at a time, whichever adds the most expected tokens --
+        main token j its reach, prod_{i <= j} alpha_i; a branch token its weight times the
+        learned branch yield (a branch may start once the main token it forks after is in)
+        -- and the tree kept is the prefix of that order with the best rate, E / (fixed +
+        t(1 + its tokens)), within `budget` tokens, self.tree_nodes branch tokens and
+        MAX_TREE_LEAVES leaves. Without branch tokens this is the best chain."""
         c = self.costs
         fixed = c.overhead_s + c.ngram_s
-        expected = rate * (fixed + c.t(k + 1))
-        weights = token_tree(ngram, k, min(self.tree_nodes, room), MAX_TREE_LEAVES).branch_weights
-        allowance = self._allowance() + c.t(1)
-        best_n, best_rate = 0, rate
-        yield_per_weight = self.branch_yield.value
-        for n, weight in enumerate(weights, 1):
-            if c.t(k + 1 + n) > allowance:
+        branches = ngram.branches
+        value = self.branch_yield.value
+        taken = [0] * len(branches)
+        k = n_branch = opened = 0
+        reach, expected = 1.0, 1.0
+        best: tuple[int, tuple[int, ...], float] = (0, (), 0.0)
+        for n in range(1, budget + 1):
+            gain, pick = (reach * alphas[k], -1) if k < len(alphas) else (0.0, -1)
+            if n_branch < self.tree_nodes:
+                for i, branch in enumerate(branches):
+                    j = taken[i]
+                    if branch.depth > k or j >= len(branch.tokens):
+                        continue
+                    if j == 0 and opened >= MAX_TREE_LEAVES - 1:
+                        continue
+                    if value * branch.weights[j] > gain:
+                        gain, pick = value * branch.weights[j], i
+            if gain <= 0.0:
                 break
-            expected += yield_per_weight * weight
-            tree_rate = expected / (fixed + c.t(k + 1 + n))
-            if tree_rate > best_rate:
-                best_n, best_rate = n, tree_rate
-        return best_n, best_rate
+            if pick < 0:
+                reach *= alphas[k]
+                k += 1
+            else:
+                opened += taken[pick] == 0
+                taken[pick] += 1
+                n_branch += 1
+            expected += gain
+            rate = expected / (fixed + c.t(n + 1))
+            if k > 0 and rate > best[2]:
+                best = (k, tuple(taken) if n_branch else (), rate)
+        return best
 
     def plan(
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
@@ -259,13 +284,13 @@ class CostModelK:
         self._candidate = ngram
         for name in DRAFT_SOURCES:
             self.probes[name].pending = False
-        tree = self._ngram_tree if source == "ngram" else 0
+        tree = self._ngram_branches if source == "ngram" else ()
         if source != "model":
             probe = self._probe(sources, k_cap, ngram, source, rate)
             if probe is not None and caps[probe] < 1:
                 probe = None
             if probe is not None:
-                source, k, tree = probe, 1, 0
+                source, k, tree = probe, 1, ()
                 self.probes[probe].pending = True
         self._rate = rate
         self._reach = 1.0

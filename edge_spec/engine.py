@@ -168,8 +168,8 @@ def _propose(
     if plan.k == 0 or plan.source == "none":
         return NO_DRAFT, ()
     if plan.source == "ngram" and candidate is not None:
-        if plan.tree_nodes > 0 and candidate.branches and max_leaves > 1:
-            tree = token_tree(candidate, plan.k, plan.tree_nodes, max_leaves)
+        if plan.branches and max_leaves > 1:
+            tree = token_tree(candidate, plan.k, plan.branches, max_leaves)
             if tree.branch_weights:
                 return Draft(tree.tokens, parents=tree.parents), tree.branch_weights
         return Draft(candidate.tokens[: plan.k]), ()

@@ -129,23 +129,24 @@ class TokenTree:
 
 
 def token_tree(
-    candidate: NgramCandidate, k: int, n_nodes: int, max_leaves: int = MAX_TREE_LEAVES
+    candidate: NgramCandidate,
+    k: int,
+    lengths: Sequence[int],
+    max_leaves: int = MAX_TREE_LEAVES,
 ) -> TokenTree:
-    """The candidate's first k tokens, then up to n_nodes tokens of its branches, heaviest
-    first: a branch forking at depth d < k hangs from main token d - 1 (from the context's
-    last token when d = 0); each branch adds a leaf, at most max_leaves in all. The cost model
-    sizes n_nodes on the weights of exactly these tokens, in this order."""
+    """The candidate's first k tokens as a chain, then lengths[i] tokens of its branch i: a
+    branch forking at depth d hangs from main token d - 1 (from the context's last token when
+    d = 0; it needs d <= k). Each branch adds a leaf; branches past max_leaves - 1 are left
+    out."""
     tokens = list(candidate.tokens[:k])
     parents = list(range(-1, len(tokens) - 1))
     weights: list[float] = []
     leaves = 1
-    for branch in candidate.branches:
-        if len(weights) >= n_nodes or leaves >= max_leaves:
-            break
-        if branch.depth >= len(tokens):
+    for branch, n in zip(candidate.branches, lengths):
+        if n <= 0 or branch.depth > len(tokens) or leaves >= max_leaves:
             continue
         parent = branch.depth - 1
-        for token, weight in zip(branch.tokens[: n_nodes - len(weights)], branch.weights):
+        for token, weight in zip(branch.tokens[:n], branch.weights):
             tokens.append(token)
             parents.append(parent)
             parent = len(tokens) - 1
@@ -154,13 +155,34 @@ def token_tree(
     return TokenTree(tuple(tokens), tuple(parents), tuple(weights))
 
 
+def branch_lengths(
+    candidate: NgramCandidate, k: int, n_nodes: int, max_leaves: int = MAX_TREE_LEAVES
+) -> tuple[int, ...]:
+    """Whole branches, heaviest first, up to n_nodes tokens (the fixed policy's tree): per
+    branch of the candidate, how many of its tokens a tree over its first k tokens takes."""
+    lengths, left, leaves = [], n_nodes, 1
+    for branch in candidate.branches:
+        n = 0
+        if left > 0 and leaves < max_leaves and branch.depth < k:
+            n = min(len(branch.tokens), left)
+            left -= n
+            leaves += 1
+        lengths.append(n)
+    return tuple(lengths)
+
+
 @dataclass(frozen=True)
 class StepPlan:
     source: SourceName
     k: int  # draft at most k tokens (0: a plain target step)
-    # n-gram source: up to this many more tokens from the candidate's branches, verified with
-    # the k main tokens as one token tree (0: a linear draft).
-    tree_nodes: int = 0
+    # n-gram source: how many tokens of each of the candidate's branches to verify with the k
+    # main tokens as one token tree (token_tree); empty: a chain.
+    branches: tuple[int, ...] = ()
+
+    @property
+    def tree_nodes(self) -> int:
+        """The tree's branch tokens (0: a chain)."""
+        return sum(self.branches)
 
 
 PLAIN = StepPlan("none", 0)
@@ -238,12 +260,13 @@ def _clamp_k(
     source: SourceName, k: int, k_cap: int, ngram: NgramCandidate | None, tree_nodes: int = 0
 ) -> StepPlan:
     k = min(k, k_cap)
+    branches: tuple[int, ...] = ()
     if source == "ngram":
         k = min(k, len(ngram.tokens)) if ngram is not None else 0
-        tree_nodes = min(tree_nodes, max(k_cap - k, 0)) if ngram is not None else 0
-    else:
-        tree_nodes = 0
-    return StepPlan(source, k, tree_nodes) if k > 0 and source != "none" else PLAIN
+        if ngram is not None and tree_nodes > 0:
+            branches = branch_lengths(ngram, k, min(tree_nodes, k_cap - k))
+            branches = branches if any(branches) else ()
+    return StepPlan(source, k, branches) if k > 0 and source != "none" else PLAIN
 
 
 def _pick_source(preferred: SourceName | None, sources: Sequence[SourceName]) -> SourceName:

@@ -15,10 +15,14 @@ so one recording answers every k: drafting k tokens at pos accepts min(k, agree[
                   "tokens": [N target token ids],
                   "model": {"agree": [N], "confidence": [N lists of min(16, N - pos)]},
                   "ngram": {"agree": [N], "proposal": [N lists], "proposal_len": [N],
-                            "match_len": [N], "n_occurrences": [N], "n_agreeing": [N]}}]}
+                            "match_len": [N], "n_occurrences": [N], "n_agreeing": [N],
+                            "branches": [N lists of [depth, [tokens], [weights]]]}}]}
 
 n_occurrences / n_agreeing (how the matched n-gram's recent occurrences went on, which the cost
 policy keys its n-gram acceptance on) are absent from older traces: read as one occurrence.
+"branches" (the other ways the occurrences went on: a token tree's branches) may be absent too:
+then no tree is replayed. A tree step is replayed like the engine verifies it: the walk follows
+the recorded greedy tokens down the tree, and the step costs t(1 + all the tree's tokens).
 
 Only T = 0 is recorded. A T > 0 trace would need, per position, the acceptance probability
 min(1, p_target / p_draft) of each sampled draft token; that variant is not recorded yet.
@@ -46,7 +50,9 @@ import numpy as np
 
 from .cost_policy import CostModelK
 from .policy import (
+    DEFAULT_TREE_NODES,
     NO_MATCH,
+    Branch,
     CostCurve,
     FixedK,
     HeuristicK,
@@ -54,7 +60,9 @@ from .policy import (
     NgramCandidate,
     SourceName,
     StepOutcome,
+    TokenTree,
     model_lag_after,
+    token_tree,
 )
 
 K_MAX = 16  # tokens recorded per position
@@ -81,6 +89,7 @@ class PromptTrace:
     ngram_match_len: tuple[int, ...]
     ngram_occurrences: tuple[int, ...] = ()  # empty: not recorded (one occurrence each)
     ngram_agreeing: tuple[int, ...] = ()
+    ngram_branches: tuple[tuple[Branch, ...], ...] = ()  # empty: not recorded (no trees)
 
     def ngram_candidate(self, pos: int, k_cap: int) -> NgramCandidate:
         """What the n-gram lookup proposed at pos, cut to k_cap tokens."""
@@ -88,8 +97,13 @@ class PromptTrace:
             return NO_MATCH
         occurrences = self.ngram_occurrences[pos] if self.ngram_occurrences else 1
         agreeing = self.ngram_agreeing[pos] if self.ngram_agreeing else 1
+        branches = self.ngram_branches[pos] if self.ngram_branches else ()
         return NgramCandidate(
-            self.ngram_proposal[pos][:k_cap], self.ngram_match_len[pos], occurrences, agreeing
+            self.ngram_proposal[pos][:k_cap],
+            self.ngram_match_len[pos],
+            occurrences,
+            agreeing,
+            branches,
         )
 
     @property
@@ -142,6 +156,10 @@ def _load_trace_file(path: Path) -> TraceSet:
             ngram_match_len=tuple(ngram["match_len"]),
             ngram_occurrences=tuple(ngram.get("n_occurrences", ())),
             ngram_agreeing=tuple(ngram.get("n_agreeing", ())),
+            ngram_branches=tuple(
+                tuple(Branch(int(d), tuple(t), tuple(w)) for d, t, w in at)
+                for at in ngram.get("branches", ())
+            ),
         )
         lengths = {
             len(trace.model_agree),
@@ -149,7 +167,11 @@ def _load_trace_file(path: Path) -> TraceSet:
             len(trace.ngram_agree),
             len(trace.ngram_proposal),
             len(trace.ngram_match_len),
-            *(len(c) for c in (trace.ngram_occurrences, trace.ngram_agreeing) if c),
+            *(
+                len(c)
+                for c in (trace.ngram_occurrences, trace.ngram_agreeing, trace.ngram_branches)
+                if c
+            ),
         }
         if lengths != {n}:
             raise ValueError(f"{path}: prompt {trace.id}: per-position lists differ in length")
@@ -244,6 +266,8 @@ class ReplayResult:
     n_drafted: int = 0
     n_accepted: int = 0
     steps_by_source: dict[str, int] = field(default_factory=dict)
+    n_tree_steps: int = 0
+    n_branch_accepted: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -255,6 +279,8 @@ class ReplayResult:
         self.n_steps += other.n_steps
         self.n_drafted += other.n_drafted
         self.n_accepted += other.n_accepted
+        self.n_tree_steps += other.n_tree_steps
+        self.n_branch_accepted += other.n_branch_accepted
         for source, n in other.steps_by_source.items():
             self.steps_by_source[source] = self.steps_by_source.get(source, 0) + n
 
@@ -279,7 +305,8 @@ def replay(
     """Runs `policy` over one prompt as the engine would, charging `costs`; returns totals.
 
     Per step: k_cap = min(k_max, tokens left - 1); plan; a model draft proposes tokens one by
-    one, asking keep_drafting with the recorded confidence; accepted = min(drafted, agree).
+    one, asking keep_drafting with the recorded confidence; accepted = min(drafted, agree); a
+    token tree accepts the path that follows the recorded tokens.
     report_tokens=False leaves StepOutcome.tokens empty (an engine that does not pass them).
     """
     policy.begin()
@@ -293,9 +320,11 @@ def replay(
         if "ngram" in sources:
             candidate = trace.ngram_candidate(pos, k_cap)
         plan = policy.plan(sources, k_cap, candidate)
-        _check_plan(plan.source, plan.k, k_cap, candidate, sources)
+        _check_plan(plan.source, plan.k + plan.tree_nodes, k_cap, candidate, sources)
         confidences: tuple[float, ...] = ()
         match_len = 0
+        tree: TokenTree | None = None
+        branch_accepted = 0
         if plan.source == "model" and plan.k > 0:
             row = trace.model_confidence[pos]
             drafted = 0
@@ -311,6 +340,11 @@ def replay(
             accepted = min(drafted, trace.ngram_agree[pos])
             match_len = trace.ngram_match_len[pos]
             draft_s = costs.ngram_s
+            if plan.branches and candidate is not None:
+                tree = token_tree(candidate, plan.k, plan.branches)
+                path = _walk(tree, trace.tokens[pos:])
+                drafted, accepted = len(tree.tokens), len(path)
+                branch_accepted = sum(i >= tree.n_main for i in path)
         else:
             drafted = accepted = 0
             draft_s = 0.0
@@ -324,12 +358,33 @@ def replay(
             draft_s,
             verify_s,
             trace.tokens[pos : pos + accepted + 1] if report_tokens else (),
+            n_branch_nodes=len(tree.branch_weights) if tree else 0,
+            n_branch_accepted=branch_accepted,
+            branch_weight=sum(tree.branch_weights) if tree else 0.0,
         )
         policy.update(outcome)
+        if tree is not None and tree.branch_weights:
+            result.n_tree_steps += 1
+            result.n_branch_accepted += branch_accepted
         n_fresh = model_lag_after(n_fresh, outcome)
         result.step(plan.source, drafted, accepted, draft_s + verify_s)
         pos += accepted + 1
     return result
+
+
+def _walk(tree: TokenTree, future: Sequence[int]) -> list[int]:
+    """The tree's accepted path (token indices) when the target goes on with `future`."""
+    children = {
+        (parent, token): i for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents))
+    }
+    path: list[int] = []
+    node = -1
+    while len(path) < len(future):
+        node = children.get((node, future[len(path)]), -2)
+        if node == -2:
+            break
+        path.append(node)
+    return path
 
 
 def _check_plan(
@@ -423,6 +478,7 @@ def policy_factories(k_max: int = 8) -> dict[str, PolicyFactory]:
             out[f"fixed-{source}-{k}"] = functools.partial(_fixed, k, source)
         out[f"heuristic-{source}"] = functools.partial(_heuristic, k_max, source)
     out["cost"] = functools.partial(_cost, k_max)
+    out["cost-chains"] = functools.partial(_cost, k_max, tree_nodes=0)  # no token trees
     return out
 
 
@@ -434,8 +490,11 @@ def _heuristic(k_max: int, source: SourceName, costs: CostCurve) -> KPolicy:
     return HeuristicK(min(4, k_max), k_max, source)
 
 
-def _cost(k_max: int, costs: CostCurve) -> KPolicy:
-    return CostModelK(costs, k_max=k_max)
+def _cost(k_max: int, costs: CostCurve, tree_nodes: int = DEFAULT_TREE_NODES) -> KPolicy:
+    policy = CostModelK(costs, k_max=k_max, tree_nodes=tree_nodes)
+    if tree_nodes == 0:
+        policy.name = "cost-chains"
+    return policy
 
 
 @dataclass
@@ -526,6 +585,8 @@ def report_dict(reports: Sequence[DeviceReport], traces: TraceSet) -> dict:
                 "tokens_per_step": round(res.n_tokens / max(res.n_steps, 1), 3),
                 "acceptance": round(res.n_accepted / res.n_drafted, 3) if res.n_drafted else None,
                 "steps_by_source": res.steps_by_source,
+                "tree_steps": res.n_tree_steps,
+                "branch_tokens_accepted": res.n_branch_accepted,
             }
         categories = {
             cat: {
@@ -558,13 +619,13 @@ def format_report(data: dict) -> str:
             "",
             f"== {dev['profile']} (c={dev['c']}; best fixed: {dev['best_fixed']})",
             f"{'policy':<18} {'tokens/s':>9} {'x oracle':>9} {'x best fixed':>13} "
-            f"{'x target':>9} {'tok/step':>9}",
+            f"{'x target':>9} {'tok/step':>9} {'trees':>6}",
         ]
         for name, p in dev["policies"].items():
             lines.append(
                 f"{name:<18} {p['tokens_per_s']:>9.2f} {p['vs_oracle']:>9.3f} "
                 f"{p['vs_best_fixed']:>13.3f} {p['vs_target_alone']:>9.3f} "
-                f"{p['tokens_per_step']:>9.2f}"
+                f"{p['tokens_per_step']:>9.2f} {p.get('tree_steps', 0):>6}"
             )
         cats = dev["vs_target_alone_by_category"]
         lines.append(

@@ -9,8 +9,9 @@ context prompt + target[:pos]:
   continuation (`agree`), and the draft's probability of each of its tokens (`confidence`);
 - ngram: the prompt-lookup proposal (edge_spec.drafts.ngram.lookup, max_ngram 3, min_ngram 1),
   its matched n-gram length, how many recent occurrences the matched n-gram had and how many of
-  them went on with the proposal's first token (the policy's consensus), and how many of its
-  tokens match (`agree`).
+  them went on with the proposal's first token (the policy's consensus), how many of its
+  tokens match (`agree`), and the other ways the occurrences went on (`branches`: a token
+  tree's branches, with their weights).
 
 Greedy (T=0) only: the policies are judged on the acceptance pattern, and at T=0 acceptance is a
 deterministic prefix match, so one recording serves every k. The draft's greedy chain is reused
@@ -19,6 +20,10 @@ same), so recording costs a few draft decodes per position instead of K_MAX.
 
     .venv/bin/python scripts/record_traces.py                    # default pair, 16 prompts x 96
     .venv/bin/python scripts/record_traces.py --n-tokens 64 --prompts 4 --out /tmp/t.json
+    .venv/bin/python scripts/record_traces.py --refresh-ngram bench/traces/X.json  # n-gram only
+
+--refresh-ngram recomputes only the n-gram fields of an existing trace (the target's tokens
+are kept; its tokenizer gives the prompts' ids), e.g. after the lookup learned something new.
 """
 
 from __future__ import annotations
@@ -117,12 +122,6 @@ def record_prompt(
 
     model_agree: list[int] = []
     model_conf: list[list[float]] = []
-    ng_agree: list[int] = []
-    ng_len: list[int] = []
-    ng_match: list[int] = []
-    ng_prop: list[list[int]] = []
-    ng_occ: list[int] = []  # the matched n-gram's recent occurrences
-    ng_agreeing: list[int] = []  # ... and how many were followed by the proposal's first token
     draft_times: list[float] = []
 
     # chain: the draft's greedy continuation of context[:n_prompt + pos]; the draft's KV holds
@@ -144,15 +143,6 @@ def record_prompt(
         model_agree.append(common_prefix([t for t, _ in chain[:want]], tokens[pos:]))
         model_conf.append([round(c, 4) for _, c in chain[:want]])
 
-        candidate = lookup(context[:ctx_len], K_MAX, MAX_NGRAM, MIN_NGRAM)
-        proposal = candidate.tokens
-        ng_agree.append(common_prefix(proposal, tokens[pos:]))
-        ng_len.append(len(proposal))
-        ng_match.append(candidate.match_len)
-        ng_occ.append(candidate.n_occurrences)
-        ng_agreeing.append(candidate.n_agreeing)
-        ng_prop.append(list(proposal))
-
         # Advance: the chain stays valid only if its first token is the target's.
         if chain[0][0] == tokens[pos]:
             chain = chain[1:]
@@ -164,16 +154,53 @@ def record_prompt(
         "n_prompt": n_prompt,
         "tokens": tokens,
         "model": {"agree": model_agree, "confidence": model_conf},
-        "ngram": {
-            "agree": ng_agree,
-            "proposal_len": ng_len,
-            "match_len": ng_match,
-            "n_occurrences": ng_occ,
-            "n_agreeing": ng_agreeing,
-            "proposal": ng_prop,
-        },
+        "ngram": ngram_fields(prompt, tokens),
     }
     return record, target_times, draft_times
+
+
+def ngram_fields(prompt: list[int], tokens: list[int]) -> dict:
+    """The n-gram lookup's proposal at every position of the target's continuation."""
+    fields: dict[str, list] = {
+        "agree": [],
+        "proposal_len": [],
+        "match_len": [],
+        "n_occurrences": [],
+        "n_agreeing": [],
+        "proposal": [],
+        "branches": [],
+    }
+    context = prompt + tokens
+    for pos in range(len(tokens)):
+        candidate = lookup(context[: len(prompt) + pos], K_MAX, MAX_NGRAM, MIN_NGRAM, (), True)
+        proposal = candidate.tokens
+        fields["agree"].append(common_prefix(proposal, tokens[pos:]))
+        fields["proposal_len"].append(len(proposal))
+        fields["match_len"].append(candidate.match_len)
+        fields["n_occurrences"].append(candidate.n_occurrences)
+        fields["n_agreeing"].append(candidate.n_agreeing)
+        fields["proposal"].append(list(proposal))
+        fields["branches"].append(
+            [
+                [b.depth, list(b.tokens), [round(w, 4) for w in b.weights]]
+                for b in candidate.branches
+            ]
+        )
+    return fields
+
+
+def refresh_ngram(path: Path) -> None:
+    """Recompute the n-gram fields of the trace at `path` in place."""
+    trace = json.loads(path.read_text(encoding="utf-8"))
+    with LlamaModel(resolve(trace["target"], progress=False), n_ctx=512) as target:
+        for record in trace["prompts"]:
+            prompt = target.tokenize(record["prompt"])
+            if len(prompt) != record["n_prompt"]:
+                raise SystemExit(f"{record['id']}: the prompt no longer tokenizes the same")
+            record["ngram"] = ngram_fields(prompt, record["tokens"])
+    trace["ngram_refreshed"] = datetime.date.today().isoformat()
+    path.write_text(json.dumps(trace, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"refreshed the n-gram fields of {path} ({len(trace['prompts'])} prompts)")
 
 
 def main() -> None:
@@ -185,7 +212,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="default: bench/traces/<target>__<draft>.json")
+    ap.add_argument("--refresh-ngram", type=Path, help="only recompute this trace's n-gram fields")
     opts = ap.parse_args()
+    if opts.refresh_ngram:
+        refresh_ngram(opts.refresh_ngram)
+        return
     out = Path(opts.out or ROOT / "bench" / "traces" / f"{opts.target}__{opts.draft}.json")
 
     started = time.perf_counter()

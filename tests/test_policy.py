@@ -19,6 +19,7 @@ from edge_spec.policy import (
     NgramCandidate,
     StepOutcome,
     StepPlan,
+    branch_lengths,
     expected_tokens,
     make_policy,
     token_tree,
@@ -190,14 +191,17 @@ def test_a_request_starts_with_a_draft_whose_worst_case_is_half_a_step() -> None
 def test_token_tree_layout_follows_the_branch_weights() -> None:
     branches = (Branch(2, (30, 31), (0.4, 0.2)), Branch(0, (20, 21, 22), (0.3, 0.3, 0.1)))
     candidate = NgramCandidate((1, 2, 3, 4), 3, 5, 2, branches)
-    tree = token_tree(candidate, 4, 4)
+    # The fixed policy's tree: whole branches, heaviest first, as many tokens as allowed.
+    assert branch_lengths(candidate, 4, 4) == (2, 2)
+    tree = token_tree(candidate, 4, (2, 2))
     # The chain, then the heavier branch from main token 1, then what fits of the other.
     assert tree.tokens == (1, 2, 3, 4, 30, 31, 20, 21)
     assert tree.parents == (-1, 0, 1, 2, 1, 4, -1, 6)
     assert tree.branch_weights == (0.4, 0.2, 0.3, 0.3) and tree.n_main == 4
     # A branch forking past the chain's end has nothing to hang from; leaves are capped.
-    assert token_tree(candidate, 2, 8).tokens == (1, 2, 20, 21, 22)
-    assert token_tree(candidate, 4, 8, max_leaves=2).tokens == (1, 2, 3, 4, 30, 31)
+    assert branch_lengths(candidate, 2, 8) == (0, 3)
+    assert token_tree(candidate, 1, (2, 3)).tokens == (1, 20, 21, 22)
+    assert token_tree(candidate, 4, (2, 3), max_leaves=2).tokens == (1, 2, 3, 4, 30, 31)
 
 
 def test_token_trees_are_planned_where_verification_is_cheap_and_dropped_where_branches_fail() -> (
@@ -211,12 +215,12 @@ def test_token_trees_are_planned_where_verification_is_cheap_and_dropped_where_b
     gentle = CostCurve(tuple(10 * MS * (1 + 0.03 * n) for n in range(17)))
     flat = CostModelK(gentle, k_max=16, prior_alpha={"ngram": 0.6})
     plan = flat.plan(("ngram", "none"), 16, candidate)
-    assert plan.source == "ngram" and plan.k == 4 and plan.tree_nodes == 4
+    assert plan.source == "ngram" and plan.k == 4 and plan.branches == (3, 1)
     cpu = CostModelK(cpu_costs(), k_max=16, prior_alpha={"ngram": 0.6}, risk_floor=None)
     assert cpu.plan(("ngram", "none"), 16, candidate).tree_nodes == 0
     for _ in range(30):
         plan = flat.plan(("ngram", "none"), 16, candidate)
-        tree = token_tree(candidate, plan.k, plan.tree_nodes)
+        tree = token_tree(candidate, plan.k, plan.branches)
         flat.update(
             outcome(
                 "ngram",
