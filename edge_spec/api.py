@@ -51,6 +51,9 @@ class EngineConfig:
     # by default: sampled tokens are keyed by (seed, position), so drafts never change the text.
     ngram_session_tokens: int = 32768
     max_sessions: int = 16
+    # What all sessions' indexes together may hold (estimated from above); the least recently
+    # used sessions go first. None: only the token and session bounds.
+    ngram_session_bytes: int | None = 64 * 2**20
     # The chat template: None for the model's own (a built-in for its architecture if it has
     # none), or a built-in name ("chatml", "gemma") or a file of Jinja.
     chat_template: str | None = None
@@ -68,6 +71,10 @@ class EngineConfig:
                 f"ngram_session_tokens must be >= 0, got {self.ngram_session_tokens}",
             ),
             (self.max_sessions >= 1, f"max_sessions must be >= 1, got {self.max_sessions}"),
+            (
+                (self.ngram_session_bytes or 0) >= 0,
+                f"ngram_session_bytes must be >= 0, got {self.ngram_session_bytes}",
+            ),
             (
                 1 <= self.ngram_min <= self.ngram_max,
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}",
@@ -241,7 +248,11 @@ class EdgeSpec:
         self._sources: dict[str, DraftSource] = {
             "none": NoDraft(),
             "ngram": NgramDraft(
-                cfg.ngram_max, cfg.ngram_min, cfg.ngram_session_tokens, cfg.max_sessions
+                cfg.ngram_max,
+                cfg.ngram_min,
+                cfg.ngram_session_tokens,
+                cfg.max_sessions,
+                cfg.ngram_session_bytes,
             ),
         }
         self.draft: LlamaModel | None = None

@@ -21,6 +21,13 @@ same), so recording costs a few draft decodes per position instead of K_MAX.
     .venv/bin/python scripts/record_traces.py                    # default pair, 16 prompts x 96
     .venv/bin/python scripts/record_traces.py --n-tokens 64 --prompts 4 --out /tmp/t.json
     .venv/bin/python scripts/record_traces.py --refresh-ngram bench/traces/X.json  # n-gram only
+    .venv/bin/python scripts/record_traces.py --agentic              # the agentic sessions
+
+--agentic records every turn of the agentic bench's sessions (edge_spec/bench/agentic.json)
+on the chat pair: each turn's request is the chat template over the system message, the
+earlier turns and the target's own greedy answers to them, the way the bench sends it; the
+target's greedy answer (up to --n-tokens, to its end of turn) is then recorded like a prompt's
+continuation. The n-gram lookup there sees the whole history, which is in the request.
 
 --refresh-ngram recomputes only the n-gram fields of an existing trace (the target's tokens
 are kept; its tokenizer gives the prompts' ids), e.g. after the lookup learned something new.
@@ -112,9 +119,16 @@ def target_greedy(target: LlamaModel, prompt: list[int], n_tokens: int) -> tuple
 
 
 def record_prompt(
-    target: LlamaModel, draft: LlamaModel, category: str, text: str, n_tokens: int
+    target: LlamaModel,
+    draft: LlamaModel,
+    category: str,
+    text: str,
+    n_tokens: int,
+    prompt: list[int] | None = None,
 ) -> tuple[dict, list[float], list[float]]:
-    prompt = target.tokenize(text)
+    """prompt: the text's token ids when they are not target.tokenize(text) (a chat request
+    with its special tokens)."""
+    prompt = prompt if prompt is not None else target.tokenize(text)
     tokens, target_times = target_greedy(target, prompt, n_tokens)
     n = len(tokens)
     context = prompt + tokens
@@ -203,6 +217,83 @@ def refresh_ngram(path: Path) -> None:
     print(f"refreshed the n-gram fields of {path} ({len(trace['prompts'])} prompts)")
 
 
+def record_agentic(opts: argparse.Namespace) -> None:
+    from edge_spec import EdgeSpec, EngineConfig
+    from edge_spec.bench.agentic import load_sessions, request_messages
+
+    started = time.perf_counter()
+    target_name, draft_name = default_pair(chat=True)
+    target_path = resolve(target_name, progress=False)
+    draft_path = resolve(draft_name, progress=False)
+    n_tokens = opts.n_tokens if opts.n_tokens != 96 else 384  # the agentic bench's max_tokens
+    records = []
+    target_times: list[float] = []
+    draft_times: list[float] = []
+    config = EngineConfig(n_ctx=4096, n_threads=opts.threads)
+    with EdgeSpec(target_path, draft_path, config=config) as spec:
+        assert spec.draft is not None
+        for session in load_sessions():
+            answers: list[str] = []
+            for turn in range(len(session.turns)):
+                text = spec.render_chat(request_messages(session, answers))
+                ids = spec.tokenize(text)
+                record, tt, dt = record_prompt(
+                    spec.target, spec.draft, session.scenario, text, n_tokens, ids
+                )
+                record["id"] = f"{session.id}/{turn + 1}"
+                records.append(record)
+                answers.append(spec.target.detokenize(record["tokens"]))
+                target_times += tt
+                draft_times += dt
+                g = record["ngram"]["agree"]
+                print(
+                    f"{record['id']:<20} {len(ids):>5} prompt {len(g):>4} tokens  "
+                    f"ngram agree>0 {sum(x > 0 for x in g) / max(len(g), 1):.2f}  "
+                    f"({time.perf_counter() - started:.0f}s)",
+                    flush=True,
+                )
+        n_threads = spec.target.n_threads
+    out = Path(
+        opts.out or ROOT / "bench" / "traces" / "agentic" / f"{target_name}__{draft_name}.json"
+    )
+    write_trace(out, target_name, draft_name, records, target_times, draft_times, n_threads)
+    print(f"wrote {out} ({len(records)} turns) in {time.perf_counter() - started:.0f}s")
+
+
+def write_trace(
+    out: Path,
+    target: str,
+    draft: str,
+    records: list[dict],
+    target_times: list[float],
+    draft_times: list[float],
+    n_threads: int,
+) -> None:
+    t1_ms = statistics.median(target_times) * 1e3
+    draft_ms = statistics.median(draft_times) * 1e3
+    trace = {
+        "schema": TRACE_SCHEMA,
+        "kind": "edge_spec.acceptance_trace",
+        "temperature": 0.0,
+        "target": target,
+        "draft": draft,
+        "k_max": K_MAX,
+        "ngram": {"max_ngram": MAX_NGRAM, "min_ngram": MIN_NGRAM},
+        "recorded": datetime.date.today().isoformat(),
+        "llama_cpp_python": llama_cpp_version(),
+        "n_threads": n_threads,
+        # One-token decode times while recording (medians); c = draft / target.
+        "measured": {
+            "target_token_ms": round(t1_ms, 2),
+            "draft_token_ms": round(draft_ms, 2),
+            "c": round(draft_ms / t1_ms, 3),
+        },
+        "prompts": records,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(trace, separators=(",", ":")) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     pair_target, pair_draft = default_pair()
@@ -213,9 +304,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="default: bench/traces/<target>__<draft>.json")
     ap.add_argument("--refresh-ngram", type=Path, help="only recompute this trace's n-gram fields")
+    ap.add_argument("--agentic", action="store_true", help="the agentic sessions, chat pair")
     opts = ap.parse_args()
     if opts.refresh_ngram:
         refresh_ngram(opts.refresh_ngram)
+        return
+    if opts.agentic:
+        record_agentic(opts)
         return
     out = Path(opts.out or ROOT / "bench" / "traces" / f"{opts.target}__{opts.draft}.json")
 
@@ -245,29 +340,9 @@ def main() -> None:
                 flush=True,
             )
         n_threads = target.n_threads
+    write_trace(out, opts.target, opts.draft, records, target_times, draft_times, n_threads)
     t1_ms = statistics.median(target_times) * 1e3
     draft_ms = statistics.median(draft_times) * 1e3
-    trace = {
-        "schema": TRACE_SCHEMA,
-        "kind": "edge_spec.acceptance_trace",
-        "temperature": 0.0,
-        "target": opts.target,
-        "draft": opts.draft,
-        "k_max": K_MAX,
-        "ngram": {"max_ngram": MAX_NGRAM, "min_ngram": MIN_NGRAM},
-        "recorded": datetime.date.today().isoformat(),
-        "llama_cpp_python": llama_cpp_version(),
-        "n_threads": n_threads,
-        # One-token decode times while recording (medians); c = draft / target.
-        "measured": {
-            "target_token_ms": round(t1_ms, 2),
-            "draft_token_ms": round(draft_ms, 2),
-            "c": round(draft_ms / t1_ms, 3),
-        },
-        "prompts": records,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(trace, separators=(",", ":")) + "\n", encoding="utf-8")
     print(
         f"wrote {out} ({len(records)} prompts) in {time.perf_counter() - started:.0f}s; "
         f"target {t1_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c={draft_ms / t1_ms:.2f}"

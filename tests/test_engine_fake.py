@@ -251,6 +251,51 @@ def test_ngram_session_index_answers_like_the_plain_scan_over_earlier_requests()
             history.pop(0)
 
 
+@pytest.mark.parametrize("vocab", [50, 49152])
+def test_ngram_index_bytes_estimate_is_at_least_what_it_allocates(vocab: int) -> None:
+    import tracemalloc
+
+    from edge_spec.drafts.ngram import NgramIndex
+
+    rng = np.random.default_rng(vocab)
+    docs = [(rng.integers(0, vocab, 2000) + 300).tolist() for _ in range(6)]
+    tracemalloc.start()
+    try:
+        index = NgramIndex(3, session_tokens=10**9)
+        for doc in docs:
+            index.new_document()
+            index.lookup(list(doc), 4, 1)
+        allocated, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert index.n_tokens == 6 * 1999
+    assert allocated <= index.bytes_estimate() <= 2 * allocated
+
+
+def test_ngram_sessions_stay_within_their_byte_bound_oldest_first() -> None:
+    from edge_spec.drafts.ngram import NgramDraft
+
+    rng = np.random.default_rng(3)
+    bound = 6_000_000
+    draft = NgramDraft(session_tokens=10**6, max_sessions=64, session_bytes=bound)
+    for i in range(12):  # conversations of 3 requests of 1,000 tokens
+        for _ in range(3):
+            draft.select(f"c{i}")
+            draft.begin([])
+            draft.candidate(rng.integers(0, 5000, 1000).tolist(), 4)
+            assert draft.bytes_estimate() <= bound + 1_000 * 1_000  # + the live request
+    kept = list(draft._sessions)
+    assert kept == [f"c{i}" for i in range(12 - len(kept), 12)]  # the least recent went
+    assert 1 < len(kept) < 12
+    # One conversation alone over the bound keeps its newest requests.
+    draft.select("c11")
+    for _ in range(20):
+        draft.begin([])
+        draft.candidate(rng.integers(0, 5000, 1000).tolist(), 4)
+        draft.select("c11")
+    assert list(draft._sessions) == ["c11"] and draft.bytes_estimate() <= bound
+
+
 def test_ngram_draft_reuses_an_earlier_request_and_prefers_the_longest_match() -> None:
     from edge_spec.drafts.ngram import NgramDraft
 

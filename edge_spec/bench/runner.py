@@ -115,6 +115,8 @@ class Run:
     # per-step work. 0 for peers and for results recorded before they were measured.
     llama_decode_s: float = 0.0
     overhead_s: float = 0.0
+    n_tree_steps: int = 0  # steps that verified a token tree
+    n_branch_accepted: int = 0  # tokens accepted along a tree's branch
 
     @classmethod
     def of(
@@ -153,6 +155,8 @@ class Run:
             result.token_ids,
             s.decode_s,
             s.overhead_s,
+            s.n_tree_steps,
+            s.n_branch_accepted,
         )
 
     @classmethod

@@ -49,6 +49,13 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--max-sessions", type=int, default=16, help="conversations kept (least recent dropped)"
     )
+    serve.add_argument(
+        "--ngram-session-mib",
+        type=float,
+        default=64.0,
+        help="memory all conversations' n-gram indexes may hold together, estimated from "
+        "above (default 64 MiB; the least recently used conversations are dropped first)",
+    )
 
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait (429)")
     serve.add_argument(
@@ -89,6 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
         cli_engine_config(args),
         ngram_session_tokens=args.ngram_session_tokens,
         max_sessions=args.max_sessions,
+        ngram_session_bytes=int(args.ngram_session_mib * 2**20),
     )
     # No session unless a request names one (prompt_cache_key).
     base = GenerationConfig(
