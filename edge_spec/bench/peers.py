@@ -2,7 +2,8 @@
 
 - `lcpp-lookup[-nNgG]`: llama-cpp-python's own prompt lookup, in this process
   (`Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size=G, num_pred_tokens=N))`;
-  its defaults are N = 10, G = 2). It lives in backend.py, the only llama_cpp importer.
+  its defaults are N = 10, G = 2). It lives in edge_spec/backend/peer.py (the backend package is
+  the only llama_cpp importer).
 - `cpp-lookup[-kK]`, `cpp-speculative[-kK]`: llama.cpp's C++ examples `llama-lookup` and
   `llama-speculative-simple`, built from the same vendored llama.cpp by
   `scripts/build_llama_examples.py`, run as subprocesses (cpp_peers.py). Default k: 3, the

@@ -1,17 +1,15 @@
-"""The only module that imports llama_cpp: load a GGUF, tokenize, decode a batch with chosen logit
-rows, roll the KV cache back, and report model facts.
+"""One GGUF model with its own context: tokenize, decode a batch (a chain, or a token tree
+with one sequence per branch) with chosen logit rows, roll the KV cache back, report facts.
 
 llama.cpp aborts the whole process on a failed GGML_ASSERT, so everything it would assert on
-(batch sizes, positions, token ids, file validity) is checked here in Python first.
+(batch sizes, positions, token ids, sequence ids, file validity) is checked here first.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,91 +18,18 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from .errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
-from .gguf import check_gguf_file
-from .policy import MAX_TREE_LEAVES
+from ..errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
+from ..gguf import check_gguf_file
+from ..policy import MAX_TREE_LEAVES
+from .runtime import (
+    _ensure_backend,
+    _llama_error,
+    _recent_errors,
+    default_threads,
+    supports_gpu_offload,
+)
 
 log = logging.getLogger(__name__)
-llama_log = logging.getLogger("edge_spec.llama_cpp")
-
-
-# ggml log levels: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. Everything goes to debug
-# logging (load chatter, expected quantizer fallbacks); errors are also kept so that the exception
-# we raise can say what llama.cpp objected to.
-GGML_LOG_ERROR = 4
-_recent_errors: collections.deque[str] = collections.deque(maxlen=4)
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    message = text.decode("utf-8", "replace").rstrip()
-    if level == GGML_LOG_ERROR:
-        _recent_errors.append(message)
-    llama_log.debug("%s", message)
-
-
-def _llama_error(default: str) -> str:
-    """The first error llama.cpp logged since the last call (its root cause), or default."""
-    reason = _recent_errors[0] if _recent_errors else default
-    _recent_errors.clear()
-    return reason.split(": ", 1)[-1] if reason.startswith("llama_") else reason
-
-
-llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-_init_lock = threading.Lock()
-_backend_ready = False
-
-
-def _ensure_backend() -> None:
-    global _backend_ready
-    with _init_lock:
-        if not _backend_ready:
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
-
-
-FTYPES = {
-    "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
-    "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-    "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
-    "Q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
-    "Q2_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K,
-    "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
-}
-
-
-def supports_gpu_offload() -> bool:
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def llama_cpp_version() -> str:
-    return str(getattr(llama_cpp, "__version__", "unknown"))
-
-
-def llama_build() -> str:
-    """What the installed llama.cpp was compiled with, as llama.cpp reports it: backends and CPU
-    features, e.g. "CPU : SSE3 = 1 | ... | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1". Two builds
-    of one version with other flags (no AVX-512, tinyBLAS off, CUDA) decode at other speeds."""
-    _ensure_backend()
-    text = (llama_cpp.llama_print_system_info() or b"").decode("utf-8", "replace")
-    return " ".join(text.split()).strip(" |")
-
-
-def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
-    """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed)."""
-    check_gguf_file(src)
-    if ftype not in FTYPES:
-        raise InvalidRequestError(f"unknown ftype {ftype!r}; choose from {sorted(FTYPES)}")
-    _ensure_backend()
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[ftype]
-    params.allow_requantize = True
-    params.nthread = n_threads or os.cpu_count() or 1
-    _recent_errors.clear()
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        reason = _llama_error(f"code {rc}")
-        raise ModelFileError(f"llama_model_quantize failed for {src} -> {ftype}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -551,18 +476,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def default_threads() -> int:
-    """Physical cores where psutil knows them, else logical CPUs: decode is bandwidth-bound and
-    hyper-threads only add contention."""
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except Exception:  # pragma: no cover - psutil is a dependency, but never fail on this
-        n = None
-    return max(1, n or os.cpu_count() or 1)
-
-
 def smoke_test(path: str | os.PathLike[str]) -> None:
     """Load `path`, decode a short prompt as one batch and then token by token, and check the
     logits are finite. The set-up runs this in a child process right after installing, so a
@@ -575,118 +488,3 @@ def smoke_test(path: str | os.PathLike[str]) -> None:
         token = int(np.argmax(logits[0]))
         for _ in range(4):
             token = int(np.argmax(model.decode([token], [0])[0]))
-
-
-# ---- a peer for the bench: llama-cpp-python's own prompt lookup ------------------------------
-
-
-@dataclass(frozen=True)
-class PeerGeneration:
-    token_ids: tuple[int, ...]
-    prefill_s: float  # evaluating the prompt
-    decode_s: float  # from the first generated token's step to the last, as our stats count it
-    finish_reason: str  # "eos" or "length"
-    n_steps: int  # target passes that verified a draft
-    n_drafted: int
-    n_accepted: int  # tokens produced beyond one per pass
-
-
-class PromptLookupPeer:
-    """llama-cpp-python's speculation as its users run it: the high-level
-    `Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size, num_pred_tokens))` (defaults
-    2 and 10), which verifies drafts through `Llama.generate` with logits for every row. Used by
-    `edge-spec bench` as a peer, never by the engine."""
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        num_pred_tokens: int = 10,
-        max_ngram_size: int = 2,
-        n_ctx: int = 2048,
-        n_threads: int | None = None,
-    ) -> None:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        class Counting(LlamaPromptLookupDecoding):  # its calls are the target's passes
-            calls = drafted = 0
-
-            def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
-                out = super().__call__(input_ids)
-                self.calls += 1
-                self.drafted += len(out)
-                return out
-
-        if num_pred_tokens < 1 or max_ngram_size < 1:
-            raise InvalidRequestError("num_pred_tokens and max_ngram_size must be >= 1")
-        check_gguf_file(Path(path))
-        _ensure_backend()
-        threads = n_threads or default_threads()
-        self.settings = {"num_pred_tokens": num_pred_tokens, "max_ngram_size": max_ngram_size}
-        self._llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_batch=min(512, n_ctx),
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_gpu_layers=-1 if supports_gpu_offload() else 0,
-            draft_model=Counting(max_ngram_size, num_pred_tokens),
-            # A draft model makes llama-cpp-python keep logits for every row, but it sizes
-            # that buffer from this argument: left False, it holds n_batch rows and any
-            # request past n_batch tokens fails with a broadcast error (0.3.36).
-            logits_all=True,
-            verbose=False,
-        )
-        self._draft = self._llm.draft_model
-        self.n_ctx = self._llm.n_ctx()
-
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        max_tokens: int,
-        temperature: float = 0.0,
-        seed: int = 0,
-        *,
-        num_pred_tokens: int | None = None,
-        max_ngram_size: int | None = None,
-    ) -> PeerGeneration:
-        """Greedy at temperature 0; otherwise its sampler with only the temperature on. The
-        lookup settings may change per call (one Llama serves every setting of a sweep: with
-        logits for every row it holds n_ctx x n_vocab floats)."""
-        ids = [int(t) for t in prompt_ids]
-        if not ids or len(ids) + max_tokens > self.n_ctx:
-            raise ContextOverflowError(f"{len(ids)} + {max_tokens} tokens exceed {self.n_ctx}")
-        llm = self._llm
-        llm.reset()
-        llm.set_seed(seed)
-        draft = self._draft
-        draft.calls = draft.drafted = 0
-        draft.num_pred_tokens = num_pred_tokens or self.settings["num_pred_tokens"]
-        draft.max_ngram_size = max_ngram_size or self.settings["max_ngram_size"]
-        t0 = time.perf_counter()
-        llm.eval(ids)  # the prompt; generate() below finds it cached and samples at once
-        t1 = time.perf_counter()
-        out: list[int] = []
-        finish = "length"
-        sampler = llm.generate(
-            ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0
-        )
-        vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        for token in sampler:
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
-                finish = "eos"
-                break
-            out.append(int(token))
-            if len(out) >= max_tokens:
-                break
-        sampler.close()
-        decode_s = time.perf_counter() - t1
-        # Each draft call follows a pass that produced accepted drafts + 1 token; the first
-        # token came from the prompt's pass.
-        n_accepted = max(0, len(out) - 1 - draft.calls) if draft.drafted else 0
-        return PeerGeneration(
-            tuple(out), t1 - t0, decode_s, finish, draft.calls, draft.drafted, n_accepted
-        )
-
-    def close(self) -> None:
-        self._llm.close()

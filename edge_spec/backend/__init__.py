@@ -1,0 +1,31 @@
+"""The only package that imports llama_cpp: llama.cpp's runtime (runtime.py), one model with
+its context and batched decoding (model.py), and llama-cpp-python's prompt lookup as a bench
+peer (peer.py)."""
+
+from __future__ import annotations
+
+from .model import LlamaModel, ModelInfo, common_prefix, smoke_test
+from .peer import PeerGeneration, PromptLookupPeer
+from .runtime import (
+    FTYPES,
+    default_threads,
+    llama_build,
+    llama_cpp_version,
+    quantize,
+    supports_gpu_offload,
+)
+
+__all__ = [
+    "FTYPES",
+    "LlamaModel",
+    "ModelInfo",
+    "PeerGeneration",
+    "PromptLookupPeer",
+    "common_prefix",
+    "default_threads",
+    "llama_build",
+    "llama_cpp_version",
+    "quantize",
+    "smoke_test",
+    "supports_gpu_offload",
+]

@@ -1,0 +1,110 @@
+"""llama.cpp itself: its log routed to Python logging (errors kept for our messages), one
+backend initialisation, what the build can do, and the quantizer."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+
+import llama_cpp
+
+from ..errors import InvalidRequestError, ModelFileError
+from ..gguf import check_gguf_file
+
+log = logging.getLogger(__name__)
+llama_log = logging.getLogger("edge_spec.llama_cpp")
+
+
+# ggml log levels: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5. Everything goes to debug
+# logging (load chatter, expected quantizer fallbacks); errors are also kept so that the exception
+# we raise can say what llama.cpp objected to.
+GGML_LOG_ERROR = 4
+_recent_errors: collections.deque[str] = collections.deque(maxlen=4)
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", "replace").rstrip()
+    if level == GGML_LOG_ERROR:
+        _recent_errors.append(message)
+    llama_log.debug("%s", message)
+
+
+def _llama_error(default: str) -> str:
+    """The first error llama.cpp logged since the last call (its root cause), or default."""
+    reason = _recent_errors[0] if _recent_errors else default
+    _recent_errors.clear()
+    return reason.split(": ", 1)[-1] if reason.startswith("llama_") else reason
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+_init_lock = threading.Lock()
+_backend_ready = False
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _init_lock:
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+FTYPES = {
+    "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+    "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "Q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q2_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K,
+    "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+}
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def llama_cpp_version() -> str:
+    return str(getattr(llama_cpp, "__version__", "unknown"))
+
+
+def llama_build() -> str:
+    """What the installed llama.cpp was compiled with, as llama.cpp reports it: backends and CPU
+    features, e.g. "CPU : SSE3 = 1 | ... | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1". Two builds
+    of one version with other flags (no AVX-512, tinyBLAS off, CUDA) decode at other speeds."""
+    _ensure_backend()
+    text = (llama_cpp.llama_print_system_info() or b"").decode("utf-8", "replace")
+    return " ".join(text.split()).strip(" |")
+
+
+def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
+    """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed)."""
+    check_gguf_file(src)
+    if ftype not in FTYPES:
+        raise InvalidRequestError(f"unknown ftype {ftype!r}; choose from {sorted(FTYPES)}")
+    _ensure_backend()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.allow_requantize = True
+    params.nthread = n_threads or os.cpu_count() or 1
+    _recent_errors.clear()
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        reason = _llama_error(f"code {rc}")
+        raise ModelFileError(f"llama_model_quantize failed for {src} -> {ftype}: {reason}")
+
+
+def default_threads() -> int:
+    """Physical cores where psutil knows them, else logical CPUs: decode is bandwidth-bound and
+    hyper-threads only add contention."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # pragma: no cover - psutil is a dependency, but never fail on this
+        n = None
+    return max(1, n or os.cpu_count() or 1)
