@@ -574,7 +574,10 @@ def report_dict(reports: Sequence[DeviceReport], traces: TraceSet) -> dict:
         best_fixed = rep.best_fixed
         fixed_tps = rep.tps(best_fixed)
         policies = {}
-        order = [*policy_factories(), "oracle-static", "oracle"]
+        k_max = max(
+            (int(n.rsplit("-", 1)[1]) for n in rep.results if n.startswith("fixed-")), default=8
+        )
+        order = [*policy_factories(k_max), "oracle-static", "oracle"]
         for name in sorted(rep.results, key=order.index):
             res = rep.results[name]
             policies[name] = {
