@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ModelFileError
+from .gguf_validate import validate_gguf
 
 GGUF_MAGIC = b"GGUF"
 GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
@@ -78,7 +79,7 @@ def check_gguf_file(path: Path) -> int:
 def read_metadata(path: Path) -> dict[str, Any]:
     """All metadata key/values of a GGUF file; arrays are returned as their length only.
     Raises ModelFileError for a missing, non-GGUF or corrupt file."""
-    check_gguf_file(path)
+    validate_gguf(path)  # every length below is then known to lie inside the file
     try:
         with path.open("rb") as f:
             f.seek(8)  # magic and version, checked above
@@ -89,7 +90,7 @@ def read_metadata(path: Path) -> dict[str, Any]:
                 key = _read_string(f)
                 meta[key] = _read_value(f, _read(f, "<I"))
             return meta
-    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as exc:
+    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError, ValueError) as exc:
         raise ModelFileError(f"corrupt GGUF metadata in {path}: {exc}") from exc
     except OSError as exc:
         raise ModelFileError(f"cannot read {path}: {exc.strerror}") from exc

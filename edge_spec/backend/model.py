@@ -19,7 +19,7 @@ import llama_cpp
 import numpy as np
 
 from ..errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
-from ..gguf import check_gguf_file
+from ..gguf_validate import validate_gguf
 from ..policy import MAX_TREE_LEAVES
 from .runtime import (
     _ensure_backend,
@@ -71,7 +71,7 @@ class LlamaModel:
         n_gpu_layers: int = -1,
     ) -> None:
         self.path = Path(path)
-        file_size = check_gguf_file(self.path)
+        file_size = validate_gguf(self.path).file_size_bytes
         if n_ctx < 16:
             raise InvalidRequestError(f"n_ctx must be at least 16, got {n_ctx}")
         if n_batch < 1:

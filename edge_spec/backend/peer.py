@@ -6,13 +6,12 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
 from ..errors import ContextOverflowError, InvalidRequestError
-from ..gguf import check_gguf_file
+from ..gguf_validate import validate_gguf
 from .runtime import _ensure_backend, default_threads, supports_gpu_offload
 
 
@@ -55,7 +54,7 @@ class PromptLookupPeer:
 
         if num_pred_tokens < 1 or max_ngram_size < 1:
             raise InvalidRequestError("num_pred_tokens and max_ngram_size must be >= 1")
-        check_gguf_file(Path(path))
+        validate_gguf(path)
         _ensure_backend()
         threads = n_threads or default_threads()
         self.settings = {"num_pred_tokens": num_pred_tokens, "max_ngram_size": max_ngram_size}

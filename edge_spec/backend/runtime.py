@@ -10,10 +10,14 @@ import os
 import threading
 from pathlib import Path
 
-import llama_cpp
+# On a failed GGML_ASSERT ggml prints a debugger backtrace (attaching gdb can take minutes);
+# one line of llama.cpp's own is what a user should see. Read at abort time.
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+import llama_cpp  # noqa: E402
 
 from ..errors import InvalidRequestError, ModelFileError
-from ..gguf import check_gguf_file
+from ..gguf_validate import validate_gguf
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("edge_spec.llama_cpp")
@@ -83,7 +87,7 @@ def llama_build() -> str:
 
 def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
     """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed)."""
-    check_gguf_file(src)
+    validate_gguf(src)
     if ftype not in FTYPES:
         raise InvalidRequestError(f"unknown ftype {ftype!r}; choose from {sorted(FTYPES)}")
     _ensure_backend()
