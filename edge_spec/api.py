@@ -57,6 +57,10 @@ class EngineConfig:
     # The chat template: None for the model's own (a built-in for its architecture if it has
     # none), or a built-in name ("chatml", "gemma") or a file of Jinja.
     chat_template: str | None = None
+    # Load a model file this machine has no verdict for in a child process first, so that a
+    # file llama.cpp aborts on cannot take this process down (edge_spec.isolation). The CLI and
+    # the server set it; a library user whose files come from elsewhere may.
+    verify_in_child: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -230,6 +234,13 @@ class EdgeSpec:
             raise InvalidRequestError("draft_mode 'model' needs a draft model")
         self.default_draft_mode: DraftMode = mode
         cfg = self.config
+        if cfg.verify_in_child:
+            from .isolation import verify_in_child
+            from .models import cache_dir
+
+            for path in (self.target_path, self.draft_path):
+                if path is not None:
+                    verify_in_child(path, cache_dir())
         # Refuse before loading anything if the pair and its KV cannot fit in the budget.
         self.placement = plan_placement(
             self.target_path,

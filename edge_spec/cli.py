@@ -207,6 +207,7 @@ def engine_config(args: argparse.Namespace) -> Any:
         n_threads=args.threads,
         mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
         chat_template=args.chat_template,
+        verify_in_child=True,  # a model file llama.cpp aborts on ends in one line, exit 2
     )
 
 

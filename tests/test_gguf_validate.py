@@ -4,6 +4,7 @@ never a dead process, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
@@ -123,3 +124,67 @@ def test_fuzzed_models_load_or_are_refused_never_a_death(name: str, tmp_path: Pa
     assert {o.mutant.kind for o in outcomes} == set(fuzz.KINDS)
     verdicts = {o.verdict for o in outcomes}
     assert verdicts == {"ok", "refused"}  # some mutants still load: the harness can tell
+
+
+# ---- isolation: the first load of an unknown file in a child process -------------------------
+
+
+def _tensor_type_mutant(small: Path, tmp_path: Path) -> Path:
+    """A file that passes validation but that llama.cpp refuses: one tensor's type changed,
+    so the tensors' sizes no longer add up to their offsets."""
+    lay = fuzz.layout(small)
+    field = next(f for f in lay.fields if f.what == "tensor 85 type")
+    old = struct.unpack("<I", small.read_bytes()[field.offset : field.offset + 4])[0]
+    mutant = _copy_with(small, tmp_path, [(field.offset, struct.pack("<I", 3 if old != 3 else 2))])
+    validate_gguf(mutant)
+    return mutant
+
+
+def test_a_file_llama_cpp_refuses_gets_a_cached_verdict(small: Path, tmp_path: Path) -> None:
+    from edge_spec.isolation import VERDICTS_NAME, verify_in_child
+
+    cache = tmp_path / "cache"
+    assert verify_in_child(small, cache) > 0  # a child loaded it once
+    assert verify_in_child(small, cache) == 0.0  # then the verdict is known
+    mutant = _tensor_type_mutant(small, tmp_path)
+    with pytest.raises(ModelFileError, match="llama.cpp could not load it"):
+        verify_in_child(mutant, cache)
+    verdicts = (cache / VERDICTS_NAME).read_text()
+    assert '"ok": false' in verdicts and '"ok": true' in verdicts
+
+
+def test_a_child_killed_by_an_abort_leaves_the_parent_with_one_error(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's side of an abort: a child that dies of SIGABRT (here one that aborts on
+    purpose, standing in for a GGML_ASSERT) is one ModelFileError, remembered by sha256."""
+    from edge_spec import isolation
+
+    monkeypatch.setattr(
+        isolation,
+        "_CHILD",
+        "import os, sys; print('GGML_ASSERT(x) failed', file=sys.stderr, flush=True); os.abort()",
+    )
+    cache = tmp_path / "cache"
+    for _ in range(2):  # the second answer comes from the cache
+        with pytest.raises(ModelFileError, match=r"aborted loading it \(signal 6\).*GGML_ASSERT"):
+            isolation.verify_in_child(small, cache)
+
+
+def test_the_cli_refuses_a_file_llama_cpp_refuses_with_one_line(
+    small: Path, tmp_path: Path
+) -> None:
+    mutant = _tensor_type_mutant(small, tmp_path)
+    env = dict(os.environ, EDGE_SPEC_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_spec.cli", "generate", "-m", str(mutant)]
+        + ["--draft-mode", "none", "--max-tokens", "4", "Hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could not load" in lines[0], out.stderr
