@@ -156,7 +156,10 @@ class GenerationConfig:
         if unknown:
             raise InvalidRequestError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         flat = {key: kwargs.pop(key) for key in list(kwargs) if key in sampling_names}
-        sampling = replace(kwargs.pop("sampling", base.sampling), **flat)
+        sampling = kwargs.pop("sampling", base.sampling)
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidRequestError(f"sampling must be SamplingParams, got {sampling!r:.60}")
+        sampling = replace(sampling, **flat)
         stop = kwargs.get("stop")
         if stop is not None and not isinstance(stop, str):
             kwargs["stop"] = tuple(stop)

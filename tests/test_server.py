@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -878,3 +880,98 @@ def test_the_default_serve_chats_plain_streaming_and_concurrently(tmp_path: Path
         )
     finally:
         live.stop()
+
+
+# ---- request fuzzing -------------------------------------------------------------------------
+
+_WEIRD_TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Z", "C")), max_size=40
+)
+_WEIRD_SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _WEIRD_TEXT,
+)
+_WEIRD = st.recursive(
+    _WEIRD_SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(_WEIRD_TEXT, inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_FIELDS = (
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "n",
+    "logprobs",
+    "prompt_cache_key",
+    "stream_options",
+)
+
+
+@st.composite
+def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A route and a body: a JSON object whose fields hold anything (valid values, wrong types,
+    huge and negative numbers, control characters, NUL, deep nesting), or raw bytes that are
+    not valid UTF-8 or not JSON at all."""
+    route = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+    kind = draw(st.sampled_from(["fields", "fields", "fields", "raw", "deep"]))
+    if kind == "raw":
+        return route, draw(st.binary(max_size=200))
+    if kind == "deep":
+        depth = draw(st.integers(min_value=50, max_value=5000))
+        return route, ("[" * depth + "]" * depth).encode()
+    body: dict[str, Any] = {"model": draw(st.sampled_from([MODEL_ALIAS, "", "x\x00y"]))}
+    for name in draw(st.lists(st.sampled_from(_FIELDS), max_size=6, unique=True)):
+        body[name] = draw(_WEIRD)
+    if draw(st.booleans()):  # a well-formed core, so that the generation path is reached too
+        body.setdefault("prompt", draw(_WEIRD_TEXT) or "Hi")
+        body.setdefault("messages", [{"role": "user", "content": draw(_WEIRD_TEXT) or "Hi"}])
+    # Valid requests must stay short: generation is real.
+    if isinstance(body.get("max_tokens"), int) and 0 < body["max_tokens"] <= 600:
+        body["max_tokens"] = min(body["max_tokens"], 3)
+    body.setdefault("max_tokens", 2)
+    raw = json.dumps(body, allow_nan=True).encode()
+    if draw(st.booleans()):  # invalid UTF-8 inside a string
+        raw = raw.replace(b'"Hi"', b'"H\xff\xfei"', 1)
+    return route, raw
+
+
+@models
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(request=_bodies())
+def test_fuzzed_request_bodies_get_a_4xx_or_an_answer_never_a_500(
+    server: LiveServer, request: tuple[str, bytes]
+) -> None:
+    route, raw = request
+    headers = {**server.headers(), "Content-Type": "application/json"}
+    response = httpx.post(server.url + route, content=raw, headers=headers, timeout=120)
+    assert response.status_code < 500, (response.status_code, response.text[:300], raw[:300])
+    if response.status_code >= 400:
+        assert "error" in response.json(), response.text[:300]
+
+
+@models
+def test_the_server_still_serves_after_the_fuzzing(server: LiveServer) -> None:
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert (
+        server.client()
+        .completions.create(model=MODEL_ALIAS, prompt="Hi", max_tokens=2, temperature=0)
+        .choices
+    )

@@ -254,6 +254,10 @@ async def _read_json(request: Request, limit_bytes: int) -> Any:
         raise APIError(
             400, f"the request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
+    except RecursionError:  # nesting deeper than the parser's stack
+        raise APIError(
+            400, "the request body nests too deeply to be a request", code="invalid_json"
+        ) from None
 
 
 def _api_error(exc: BaseException, chat: bool = False) -> APIError:
