@@ -789,7 +789,13 @@ def test_authentication_on(server: LiveServer) -> None:
 
 @models
 def test_authentication_off_and_a_full_queue(smollm2_path: Path, tmp_path: Path) -> None:
-    """A second server: no key, n-gram drafting, room for one waiting request."""
+    """A second server: no key, n-gram drafting, room for one waiting request, and a chat
+    template that would loop for ten billion steps: chats get a 400 within its bound while
+    completions are still served."""
+    runaway = tmp_path / "runaway.jinja"
+    runaway.write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    )
     args = [
         "-m",
         str(smollm2_path),
@@ -799,6 +805,8 @@ def test_authentication_off_and_a_full_queue(smollm2_path: Path, tmp_path: Path)
         "fixed",
         "--ctx-size",
         "512",
+        "--chat-template",
+        str(runaway),
     ]
     args += ["--threads", "1", "--max-queue", "1", "--max-tokens-limit", "400"]
     live = LiveServer(args, tmp_path / "serve.log")
@@ -806,6 +814,12 @@ def test_authentication_off_and_a_full_queue(smollm2_path: Path, tmp_path: Path)
         client = live.client(api_key="anything")
         assert client.models.list().data[0].id == "smollm2-135m-f16"
         assert httpx.get(live.url + "/metrics").status_code == 200
+        started = time.monotonic()
+        with pytest.raises(openai.BadRequestError, match="chat template failed to render"):
+            client.chat.completions.create(
+                model="smollm2-135m-f16", messages=[{"role": "user", "content": "Hi"}]
+            )
+        assert time.monotonic() - started < 30
         done = client.completions.create(
             model="smollm2-135m-f16", prompt="Hi", max_tokens=3, temperature=0
         )
