@@ -31,32 +31,43 @@ VERDICTS_NAME = "verified-models.json"
 CHILD_TIMEOUT_S = 300.0
 _CHILD = "import sys; from edge_spec.backend import smoke_test; smoke_test(sys.argv[1])"
 _lock = threading.Lock()
-_hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, this process
 
 
 def verify_in_child(path: str | os.PathLike[str], cache_dir: Path) -> float:
     """Requires nothing. Returns the seconds spent (0 when the verdict was known); raises
-    ModelFileError when the file is invalid or its load killed the child."""
+    ModelFileError when the file is invalid or its load killed the child. A file seen before
+    (same path, size, mtime and inode) is not even hashed again."""
     t0 = time.perf_counter()
     path = Path(path)
     validate_gguf(path)  # in-process and safe: a plainly corrupt file needs no child
-    digest = _sha256(path)
     store = cache_dir / VERDICTS_NAME
     with _lock:
-        verdicts = _read(store)
-        verdict = verdicts.get(digest)
+        record = _read(store)
+        by_sha, by_file = record.setdefault("by_sha", {}), record.setdefault("by_file", {})
+        identity = _identity(path)
+        digest = by_file.get(identity) or _sha256(path)
+        verdict = by_sha.get(digest)
         if isinstance(verdict, dict) and "ok" in verdict:
+            if by_file.get(identity) != digest:
+                by_file[identity] = digest
+                _write(store, record)
             if not verdict["ok"]:
                 raise ModelFileError(f"{path}: {verdict.get('reason', 'failed to load')}")
             return 0.0
         ok, reason = _load_in_child(path)
-        verdicts[digest] = {"ok": ok, "reason": reason, "file": path.name}
-        _write(store, verdicts)
+        by_sha[digest] = {"ok": ok, "reason": reason, "file": path.name}
+        by_file[identity] = digest
+        _write(store, record)
     spent = time.perf_counter() - t0
     log.info("verified %s in a child process (%.1f s): %s", path.name, spent, reason or "ok")
     if not ok:
         raise ModelFileError(f"{path}: {reason}")
     return spent
+
+
+def _identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
 
 
 def _load_in_child(path: Path) -> tuple[bool, str]:
@@ -84,15 +95,11 @@ def _load_in_child(path: Path) -> tuple[bool, str]:
 
 
 def _sha256(path: Path) -> str:
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _hashes:
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            while block := f.read(8 << 20):
-                digest.update(block)
-        _hashes[key] = digest.hexdigest()
-    return _hashes[key]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _read(store: Path) -> dict:
