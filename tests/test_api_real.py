@@ -114,11 +114,11 @@ def test_bad_model_files(tmp_path: Path, target_path: Path) -> None:
     truncated = tmp_path / "truncated.gguf"
     with target_path.open("rb") as src:
         truncated.write_bytes(src.read(5_000_000))  # inside the metadata (the vocabulary)
-    with pytest.raises(ModelFileError, match="corrupt GGUF metadata"):
+    with pytest.raises(ModelFileError, match=r"invalid GGUF.*tokenizer\.ggml"):
         EdgeSpec(truncated)
     with target_path.open("rb") as src:
         truncated.write_bytes(src.read(100_000_000))  # inside the tensor data
-    with pytest.raises(ModelFileError, match="could not load.*file bounds"):
+    with pytest.raises(ModelFileError, match="invalid GGUF.*tensor.*run past the file"):
         EdgeSpec(truncated)
     with pytest.raises(ModelFileError):
         EdgeSpec("no-such-model-name")

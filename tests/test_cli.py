@@ -97,7 +97,7 @@ def test_bad_files_exit_2_with_one_line(
     truncated = tmp_path / "cut.gguf"
     with open(target_path, "rb") as f:
         truncated.write_bytes(f.read(3_000_000))
-    _assert_user_error(edge_spec("generate", "Hi", "--target", str(truncated)), "corrupt GGUF")
+    _assert_user_error(edge_spec("generate", "Hi", "--target", str(truncated)), "invalid GGUF")
     _assert_user_error(
         edge_spec("generate", "Hi", "--target", str(smollm2_path), "--draft", str(gemma_path)),
         "differ",
