@@ -265,12 +265,16 @@ def run(
     """n mutants of original, each loaded; yields every outcome."""
     lay = layout(original)
     rng = random.Random(seed)
-    dst = workdir / f"mutant-{original.name}"
+    dst = workdir / f"mutant-0-{original.name}"
     restore(original, Mutant("copy", "", (), 0), dst)
     own = loader is None
     loader = loader or Loader()
     try:
-        for mutant in mutants(original, lay, rng, n):
+        for i, mutant in enumerate(mutants(original, lay, rng, n), 1):
+            # A new name per mutant: nothing cached by file identity may carry over.
+            renamed = workdir / f"mutant-{i}-{original.name}"
+            dst.rename(renamed)
+            dst = renamed
             write_mutant(original, mutant, dst)
             verdict, detail = loader.load(dst)
             yield Outcome(mutant, verdict, detail)
