@@ -117,8 +117,8 @@ def test_the_cli_refuses_a_corrupt_model_with_one_line(small: Path, tmp_path: Pa
 
 @pytest.mark.parametrize("name", ["smollm2-135m-q4_0", "gemma3-270m-q4_0"])
 def test_fuzzed_models_load_or_are_refused_never_a_death(name: str, tmp_path: Path) -> None:
-    """A fixed-seed subset of scripts/fuzz_gguf.py: 80 mutants per model, every kind."""
-    outcomes = list(fuzz.run(_model(name), 80, seed=2026, workdir=tmp_path))
+    """A fixed-seed subset of scripts/fuzz_gguf.py: 125 mutants per model, every kind."""
+    outcomes = list(fuzz.run(_model(name), 125, seed=2026, workdir=tmp_path))
     findings = [(o.mutant.description, o.verdict, o.detail) for o in outcomes if o.is_finding]
     assert not findings, findings
     assert {o.mutant.kind for o in outcomes} == set(fuzz.KINDS)
