@@ -349,7 +349,10 @@ def _check_vocab(meta: dict[str, Any]) -> int:
     n_vocab = len(tokens)
     if n_vocab == 0 or n_vocab >= 1 << 31:
         raise _Bad(f"tokenizer.ggml.tokens: {n_vocab} tokens")
+    # llama.cpp reads each text as a C string: a NUL byte ends it there.
     texts = tokens.items
+    if any(b"\0" in text for text in texts):
+        texts = [text.split(b"\0", 1)[0] for text in texts]
     if len(set(texts)) != n_vocab:
         seen: set[bytes] = set()
         for i, text in enumerate(texts):

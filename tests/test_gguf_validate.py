@@ -188,3 +188,15 @@ def test_the_cli_refuses_a_file_llama_cpp_refuses_with_one_line(
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "could not load" in lines[0], out.stderr
+
+
+def test_a_nul_byte_that_makes_two_tokens_equal_is_refused(small: Path, tmp_path: Path) -> None:
+    """llama.cpp reads token texts as C strings: 'ab\\0...' is 'ab'. Found by the fuzzer (a
+    random byte set to 0 inside a text made it equal to a shorter token: an abort)."""
+    lay = fuzz.layout(small)
+    data = small.read_bytes()
+    texts = {data[at : at + n]: at for at, n in lay.tokens}
+    at, n = next((at, n) for at, n in lay.tokens if n > 2 and data[at : at + n - 1] in texts)
+    mutant = _copy_with(small, tmp_path, [(at + n - 1, b"\x00")])
+    with pytest.raises(ModelFileError, match="repeats an earlier token"):
+        validate_gguf(mutant)
