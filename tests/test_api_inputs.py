@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_spec.api import GenerationConfig
@@ -34,7 +34,9 @@ OPTIONS = sorted(
 )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True)
+@settings(
+    max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 @given(options=st.dictionaries(st.sampled_from(OPTIONS), _ANY, max_size=4))
 def test_any_generation_option_is_accepted_or_refused_cleanly(options: dict[str, Any]) -> None:
     try:
@@ -43,7 +45,9 @@ def test_any_generation_option_is_accepted_or_refused_cleanly(options: dict[str,
         pass
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 @given(
     messages=st.one_of(
         _ANY,
