@@ -102,7 +102,7 @@ def render_chat(
             "the target model has no chat template: pass one with --chat-template "
             f"({', '.join(BUILTIN_TEMPLATES)} or a Jinja file), or send a plain prompt"
         )
-    if isinstance(messages, (str, bytes)) or not messages:
+    if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequestError("messages must be a non-empty list of {role, content}")
     clean: list[dict[str, str]] = []
     for i, message in enumerate(messages):
