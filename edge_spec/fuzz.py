@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
+import shutil
 import struct
 import traceback
 from collections.abc import Iterator
@@ -127,7 +128,6 @@ def mutants(path: Path, lay: Layout, rng: random.Random, n: int) -> Iterator[Mut
     """n mutants of the file at path (with this layout), the kinds in turn."""
     with path.open("rb") as f:
         head = f.read(lay.header_end)
-    same_length: list[list[int]] = []
     by_length: dict[int, list[int]] = {}
     for at, length in lay.tokens:
         by_length.setdefault(length, []).append(at)
@@ -185,8 +185,6 @@ def write_mutant(original: Path, mutant: Mutant, dst: Path) -> None:
 def restore(original: Path, mutant: Mutant, dst: Path) -> None:
     """Undo write_mutant: dst holds the original again."""
     if mutant.truncate_to is not None or not dst.exists():
-        import shutil
-
         shutil.copyfile(original, dst)
         return
     with original.open("rb") as src, dst.open("r+b") as out:

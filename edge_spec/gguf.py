@@ -9,26 +9,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ModelFileError
-from .gguf_validate import validate_gguf
+from .gguf_validate import ARRAY, SCALAR_FORMATS, STRING, validate_gguf
 
 GGUF_MAGIC = b"GGUF"
 GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
-
-# GGUF value types
-_SCALARS = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
-_STRING, _ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
@@ -142,15 +126,15 @@ def _read_string(f: BinaryIO) -> str:
 
 
 def _read_value(f: BinaryIO, vtype: int) -> Any:
-    if vtype in _SCALARS:
-        return _read(f, _SCALARS[vtype])
-    if vtype == _STRING:
+    if vtype in SCALAR_FORMATS:
+        return _read(f, SCALAR_FORMATS[vtype])
+    if vtype == STRING:
         return _read_string(f)
-    if vtype == _ARRAY:
+    if vtype == ARRAY:
         item_type, n = _read(f, "<I"), _read(f, "<Q")
-        if item_type in _SCALARS:
-            f.seek(n * struct.calcsize(_SCALARS[item_type]), 1)
-        elif item_type == _STRING:
+        if item_type in SCALAR_FORMATS:
+            f.seek(n * struct.calcsize(SCALAR_FORMATS[item_type]), 1)
+        elif item_type == STRING:
             for _ in range(n):
                 f.seek(_read(f, "<Q"), 1)
         else:

@@ -64,6 +64,7 @@ from .policy import (
     model_lag_after,
     token_tree,
 )
+from .verify import check_tree
 
 K_MAX = 16  # tokens recorded per position
 TRACE_SCHEMA = 1
@@ -374,9 +375,7 @@ def replay(
 
 def _walk(tree: TokenTree, future: Sequence[int]) -> list[int]:
     """The tree's accepted path (token indices) when the target goes on with `future`."""
-    children = {
-        (parent, token): i for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents))
-    }
+    children = check_tree(tree.tokens, tree.parents)
     path: list[int] = []
     node = -1
     while len(path) < len(future):
