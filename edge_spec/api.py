@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from .backend import LlamaModel
 from .chat import choose_template, render_chat
-from .drafts import DraftSource, ModelDraft, NgramDraft, NoDraft
+from .drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
 from .engine import Prefill, Step, run_steps
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, VocabMismatchError
 from .placement import plan_placement
 from .policy import CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
@@ -186,6 +186,9 @@ class GenerationResult:
     policy: str
     k: int | None  # the fixed k asked for; None when the policy chose k per step
     stats: GenerationStats
+    # "shared": the draft model's token ids are the target's; "translated": its text is
+    # re-tokenized for the target (a cross-vocabulary draft); None without a draft model.
+    draft_vocab: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,6 +198,7 @@ class GenerationResult:
             "n_prompt_tokens": len(self.prompt_token_ids),
             "target": self.target,
             "draft": self.draft,
+            "draft_vocab": self.draft_vocab,
             "draft_mode": self.draft_mode,
             "policy": self.policy,
             "k": self.k,
@@ -279,13 +283,13 @@ class EdgeSpec:
                 n_gpu_layers=cfg.n_gpu_layers,
             )
             try:
-                check_compatible(self.target, draft_model)
+                model_source = _model_source(self.target, draft_model)
             except Exception:
                 draft_model.close()
                 self.target.close()
                 raise
             self.draft = draft_model
-            self._sources["model"] = ModelDraft(draft_model)
+            self._sources["model"] = model_source
         info = self.target.info
         try:
             self.chat_template = choose_template(
@@ -439,6 +443,9 @@ class EdgeSpec:
                 policy=policy.name,
                 k=cfg.k,
                 stats=stats.result(len(prompt_ids), len(token_ids), time.perf_counter() - t_start),
+                draft_vocab=(
+                    getattr(sources["model"], "vocabulary", None) if "model" in sources else None
+                ),
             )
             yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
 
@@ -496,6 +503,18 @@ class EdgeSpec:
             if n_before + len(taken) >= max_tokens:
                 return taken, "length"
         return taken, None
+
+
+def _model_source(target: LlamaModel, draft_model: LlamaModel) -> ModelDraft:
+    """The draft model as a source: its token ids go to the target as they are when the two
+    share a vocabulary; otherwise its text is re-tokenized for the target."""
+    try:
+        check_compatible(target, draft_model)
+    except VocabMismatchError as mismatch:
+        log.info("drafting across vocabularies (%s)", mismatch)
+        info = draft_model.info
+        return CrossVocabDraft(draft_model, target, [info.bos_id] if info.add_bos else [])
+    return ModelDraft(draft_model)
 
 
 def _join(spans: Sequence[Span]) -> str:

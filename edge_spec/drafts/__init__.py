@@ -1,7 +1,17 @@
-"""Draft sources: a GGUF model, prompt-lookup n-grams, or none."""
+"""Draft sources: a GGUF model (sharing the target's vocabulary or not), prompt-lookup
+n-grams, or none."""
 
 from .base import NO_DRAFT, Draft, DraftSource, NoDraft
+from .crossvocab import CrossVocabDraft
 from .model import ModelDraft
 from .ngram import NgramDraft
 
-__all__ = ["NO_DRAFT", "Draft", "DraftSource", "ModelDraft", "NgramDraft", "NoDraft"]
+__all__ = [
+    "NO_DRAFT",
+    "CrossVocabDraft",
+    "Draft",
+    "DraftSource",
+    "ModelDraft",
+    "NgramDraft",
+    "NoDraft",
+]

@@ -21,6 +21,7 @@ from .base import NO_DRAFT, Draft, KeepDrafting
 
 class ModelDraft:
     name = "model"
+    vocabulary = "shared"  # the draft's token ids are the target's
 
     def __init__(self, draft_model: LlamaModel) -> None:
         self.draft_model = draft_model
