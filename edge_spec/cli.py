@@ -244,7 +244,12 @@ def _summary(result: object) -> str:
             f"--- {result.draft_mode} draft, {result.policy} policy, "
             f"finish: {result.finish_reason}",
             f"target {result.target}",
-            f"draft  {result.draft or '-'}",
+            f"draft  {result.draft or '-'}"
+            + (
+                " (another vocabulary: drafts translated)"
+                if result.draft_vocab == "translated"
+                else ""
+            ),
             f"tokens: {s.n_prompt_tokens} prompt, {s.n_generated} generated in {s.n_steps} steps "
             f"({s.tokens_per_step:.2f} per target pass)",
             f"drafted {s.n_drafted}, accepted {s.n_accepted} "

@@ -206,30 +206,33 @@ def test_sampled_cross_vocabulary_output_follows_the_target() -> None:
     assert tv < tv_bound(N_RUNS, n_vocab**2), tv
 
 
-def test_a_word_the_draft_has_not_finished_is_not_proposed() -> None:
-    """The drafted text "ab" followed by lookahead "c": target "bca" would need the "c", so
-    only what ends before the lookahead is proposed; a draft that ended its text proposes all."""
-    _, source = make_pair()
-    context = [3]  # " "
+def translate(source: CrossVocabDraft, context: list[int], text: str, n_confirmed: int):
+    """Translate drafted text given as draft pieces (one per character), all confidence 0.5."""
     source._draft_context(context)
-    assert source._translate(context, b"abc", confirmed=2) == [TARGET_VOCAB.by_text["ab"]]
-    assert source._translate(context, b"abca", confirmed=4) == [
-        TARGET_VOCAB.by_text["ab"],
-        TARGET_VOCAB.by_text["ca"],
-    ]
-    assert source._translate(context, b"", confirmed=0) == []
+    pieces = [c.encode() for c in text]
+    return source._translate(context, pieces, [0.5] * len(pieces), n_confirmed)
+
+
+def test_a_word_the_draft_has_not_finished_is_not_proposed() -> None:
+    """Drafted "cabc" with lookahead "a": the target reads "ca" + "bca", and "bca" reaches
+    into the lookahead, so only "ca" is proposed -- not "b", "c", the split of "cabc" alone,
+    which the target would not choose."""
+    _, source = make_pair()
+    ids = TARGET_VOCAB.by_text
+    assert translate(source, [3], "cabca", 4) == ((ids["ca"],), (0.25,))
+    # All confirmed (a draft that ended its text): both, the second begins two pieces.
+    assert translate(source, [3], "cabca", 5) == ((ids["ca"], ids["bca"]), (0.25, 0.125))
+    assert translate(source, [3], "c", 0) == ((), ())
 
 
 def test_a_committed_tail_that_merges_with_the_draft_is_read_through_the_lookbehind() -> None:
     """Committed " " then drafted "a": the target reads " a" as one token, which would redo
-    the committed " ". The lookbehind sees it and falls back to the text alone ("a")."""
+    the committed " ". The lookbehind sees it and falls back to the text alone ("a...")."""
     _, source = make_pair()
-    context = [2, 3]  # "c", " "
-    source._draft_context(context)
-    assert source._translate(context, b"ab", confirmed=2) == [TARGET_VOCAB.by_text["ab"]]
-    context = [4]  # "ab": with drafted "ca", "abca" reads as "ab" + "ca"
-    source._draft_context(context)
-    assert source._translate(context, b"ca", confirmed=2) == [TARGET_VOCAB.by_text["ca"]]
+    ids = TARGET_VOCAB.by_text
+    assert translate(source, [2, 3], "ab", 2)[0] == (ids["ab"],)
+    # Committed "ab", drafted "ca": "abca" reads as "ab" + "ca", the committed token kept.
+    assert translate(source, [4], "ca", 2)[0] == (ids["ca"],)
 
 
 def test_draft_context_follows_edits_and_rewinds() -> None:

@@ -20,6 +20,7 @@ point-mass tokens, so the output is the target's at any temperature whatever the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -79,17 +80,18 @@ class CrossVocabDraft(ModelDraft):
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         model = self.draft_model
-        tokens = self._draft_context(context)
-        n_draft = min(k + 1, model.n_ctx - len(tokens))  # one draft token of lookahead
-        if k <= 0 or n_draft < 2 or not tokens:
+        draft_context = self._draft_context(context)
+        limit = min(k + 1, model.n_ctx - len(draft_context))  # one draft token of lookahead
+        if k <= 0 or limit < 2 or not draft_context:
             return NO_DRAFT
-        n_reused = common_prefix(model.tokens, tokens[:-1])
+        n_reused = common_prefix(model.tokens, draft_context[:-1])
         model.truncate(n_reused)
-        fresh = tokens[n_reused:]
+        fresh = draft_context[n_reused:]
         logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
         pieces: list[bytes] = []
+        confidences: list[float] = []
         ended = False
-        for i in range(n_draft):
+        while len(pieces) < limit:
             # Greedy whatever the temperature: a point-mass draft is accepted with the target's
             # own probability of it, which the draft's likeliest token tends to maximize.
             token = argmax(logits)
@@ -97,16 +99,21 @@ class CrossVocabDraft(ModelDraft):
                 ended = True
                 break
             pieces.append(model.token_bytes(token))
-            confidence = _top_prob(logits) if keep_drafting else 1.0
-            if i + 1 == n_draft or (keep_drafting is not None and not keep_drafting(i, confidence)):
-                break
-            logits = model.decode([token], [0])[0]
-        if not ended:  # the last draft token is lookahead: its text may not be a whole word
-            confirmed = sum(map(len, pieces[:-1]))
-        else:
-            confirmed = sum(map(len, pieces))
-        translated = self._translate(context, b"".join(pieces), confirmed)
-        return Draft(tuple(translated[:k])) if translated else NO_DRAFT
+            confidences.append(_top_prob(logits) if keep_drafting else 1.0)
+            i = len(pieces) - 1
+            if (
+                keep_drafting is not None
+                and i + 2 < limit
+                and not keep_drafting(i, confidences[-1])
+            ):
+                limit = i + 2  # stop, after one more token to look ahead with
+            if len(pieces) < limit:
+                logits = model.decode([token], [0])[0]
+        # Unless the draft ended its text, its last token only shows where the words before it
+        # end: it is read with the rest, never proposed.
+        n_confirmed = len(pieces) if ended else len(pieces) - 1
+        tokens, token_confidences = self._translate(context, pieces, confidences, n_confirmed)
+        return Draft(tokens[:k], token_confidences[:k]) if tokens else NO_DRAFT
 
     # ---- the draft's view of the context ---------------------------------------------------
 
@@ -135,33 +142,48 @@ class CrossVocabDraft(ModelDraft):
 
     # ---- drafted text to target tokens -----------------------------------------------------
 
-    def _translate(self, context: Sequence[int], drafted: bytes, confirmed: int) -> list[int]:
-        """Target tokens for the drafted text that end within its first `confirmed` bytes and
-        continue the committed context, read through a lookbehind of committed tokens."""
-        if confirmed <= 0:
-            return []
+    def _translate(
+        self,
+        context: Sequence[int],
+        pieces: Sequence[bytes],
+        confidences: Sequence[float],
+        n_confirmed: int,
+    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Target tokens for the drafted pieces' text that end within the first n_confirmed
+        pieces, continuing the committed context as read through a lookbehind of committed
+        tokens; each token's confidence is the product of those of the pieces it begins."""
+        confirmed_bytes = sum(len(p) for p in pieces[:n_confirmed])
+        if confirmed_bytes == 0:
+            return (), ()
+        drafted = b"".join(pieces)
         vocab, view = self.target_vocab, self._target
         n = len(context)
         lookbehind = 0  # committed tokens with text, up to a control token
         while lookbehind < min(LOOKBEHIND, n) and view.piece_len(n - 1 - lookbehind) > 0:
             lookbehind += 1
         for n_behind in range(lookbehind, -1, -1):
-            start = view.ends[n - n_behind - 1] if n_behind < n else 0
-            tail = bytes(view.text[start:]) if n_behind else b""
+            tail = bytes(view.text[view.ends[n - n_behind - 1] :]) if n_behind else b""
             region = tail + drafted
-            end = _complete_end(region, 0)
-            ids = vocab.tokenize(region[:end].decode("utf-8", "replace"), add_special=False)
+            text = region[: _complete_end(region, 0)].decode("utf-8", "replace")
+            ids = vocab.tokenize(text, add_special=False)
             if list(ids[:n_behind]) != list(context[n - n_behind :]):
                 continue  # the committed tail reads differently next to this text
-            out: list[int] = []
-            position = len(tail)
+            tokens: list[int] = []
+            token_confidences: list[float] = []
+            starts = list(itertools.accumulate((len(p) for p in pieces[:-1]), initial=0))
+            end, j = 0, 0  # byte end of the last token in the drafted text; next piece
             for token in ids[n_behind:]:
-                position += len(vocab.token_bytes(token))
-                if position > len(tail) + confirmed:
+                end += len(vocab.token_bytes(token))
+                if end > confirmed_bytes:
                     break
-                out.append(token)
-            return out
-        return []
+                confidence = 1.0
+                while j < len(pieces) and starts[j] < end:  # the pieces this token begins
+                    confidence *= confidences[j]
+                    j += 1
+                tokens.append(token)
+                token_confidences.append(confidence)
+            return tuple(tokens), tuple(token_confidences)
+        return (), ()
 
 
 class _TokenText:
