@@ -16,9 +16,11 @@ from .chat import choose_template, render_chat
 from .drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
 from .engine import Prefill, Step, run_steps
 from .errors import InvalidRequestError, VocabMismatchError
+from .modes import DRAFT_MODES, DraftMode
 from .placement import plan_placement
 from .policy import CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
+from .self_draft import SELF, self_draft_path
 from .stats import GenerationStats, StatsCollector
 from .text import Span, TextAssembler
 from .vocab import check_compatible
@@ -26,8 +28,7 @@ from .vocab import check_compatible
 log = logging.getLogger(__name__)
 
 # auto: per step, the cost-model policy chooses among the model draft, n-gram lookup and none.
-DraftMode = Literal["auto", "model", "ngram", "none"]
-DRAFT_MODES: tuple[str, ...] = ("auto", "model", "ngram", "none")
+
 PolicyName = Literal["fixed", "heuristic", "cost"]
 POLICIES: tuple[str, ...] = ("fixed", "heuristic", "cost")
 DEFAULT_K = 4  # the fixed policy's draft length when none is given (the heuristic's start)
@@ -232,15 +233,26 @@ class EdgeSpec:
         config: EngineConfig | None = None,
     ) -> None:
         self.config = config or EngineConfig()
+        cfg = self.config
         self.target_path = _resolve(target)
-        self.draft_path = _resolve(draft) if draft is not None else None
         mode = draft_mode or "auto"
         if mode not in DRAFT_MODES:
             raise InvalidRequestError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}")
+        if mode == "self" and draft is not None and str(draft) != SELF:
+            raise InvalidRequestError(
+                "draft_mode 'self' derives its draft from the target: no draft"
+            )
+        # The self-draft: the target less some blocks, derived and chosen on first use.
+        self.draft_is_self = mode == "self" or (draft is not None and str(draft) == SELF)
+        if self.draft_is_self:
+            self.draft_path: Path | None = self_draft_path(
+                self.target_path, n_threads=cfg.n_threads
+            )
+        else:
+            self.draft_path = _resolve(draft) if draft is not None else None
         if mode == "model" and self.draft_path is None:
             raise InvalidRequestError("draft_mode 'model' needs a draft model")
         self.default_draft_mode: DraftMode = mode
-        cfg = self.config
         if cfg.verify_in_child:
             from .isolation import verify_in_child
             from .models import cache_dir
@@ -455,9 +467,12 @@ class EdgeSpec:
         """The draft sources a mode allows and the k policy that chooses among them. Policies
         are kept per (mode, policy, k, k_max, greedy), so what they learn carries over between
         requests."""
+        if mode == "self" and not self.draft_is_self:
+            raise InvalidRequestError("draft_mode 'self' needs an engine started with draft 'self'")
         names: tuple[SourceName, ...] = {
             "auto": ("model", "ngram", "none"),
             "model": ("model", "none"),
+            "self": ("model", "none"),
             "ngram": ("ngram", "none"),
             "none": ("none",),
         }[mode]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .errors import EdgeSpecError
+from .modes import DRAFT_MODES
 
 HELP = """commands:
   /help    this text
@@ -42,7 +43,7 @@ def add_chat_parser(sub: Any) -> None:
         "--target", "-m", help="target model: manifest name or GGUF path (default: chat pair)"
     )
     chat.add_argument("--draft", "-md", help="draft model (default: the pair's draft)")
-    chat.add_argument("--draft-mode", choices=("auto", "model", "ngram", "none"), default="auto")
+    chat.add_argument("--draft-mode", choices=DRAFT_MODES, default="auto")
     add_policy_arguments(chat)
     add_engine_arguments(chat)
     chat.add_argument("--system", default=None, help="a system message opening the chat")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .errors import EdgeSpecError
+from .modes import DRAFT_MODES
 
 EXIT_USER_ERROR = 2
 
@@ -81,9 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
     gen.add_argument(
         "--draft-mode",
-        choices=("auto", "model", "ngram", "none"),
+        choices=DRAFT_MODES,
         default="auto",
-        help="auto: per step the policy picks the model draft, n-gram lookup or none (default)",
+        help="auto: per step the policy picks the model draft, n-gram lookup or none (default); "
+        "self: the draft is the target less some blocks, derived and chosen on first use "
+        "(--draft self does the same under auto)",
     )
     add_policy_arguments(gen)
     gen.add_argument("--max-tokens", "-n", type=int, default=128)

@@ -49,9 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge_spec.backend import LlamaModel, common_prefix, llama_cpp_version  # noqa: E402
+from edge_spec.drafts import CrossVocabDraft  # noqa: E402
 from edge_spec.drafts.ngram import lookup  # noqa: E402
+from edge_spec.errors import VocabMismatchError  # noqa: E402
+from edge_spec.keys import SampleKeys  # noqa: E402
 from edge_spec.models import default_pair, resolve  # noqa: E402
+from edge_spec.sampling import SamplingParams  # noqa: E402
 from edge_spec.simulate import K_MAX, TRACE_SCHEMA  # noqa: E402
+from edge_spec.vocab import check_compatible  # noqa: E402
 
 MAX_NGRAM, MIN_NGRAM = 3, 1
 
@@ -137,6 +142,19 @@ def record_prompt(
     model_agree: list[int] = []
     model_conf: list[list[float]] = []
     draft_times: list[float] = []
+    try:
+        check_compatible(target, draft)
+    except VocabMismatchError:
+        model = translated_fields(target, draft, prompt, tokens)
+        record = {
+            "category": category,
+            "prompt": text,
+            "n_prompt": n_prompt,
+            "tokens": tokens,
+            "model": model,
+            "ngram": ngram_fields(prompt, tokens),
+        }
+        return record, target_times, one_token_times(draft, text)
 
     # chain: the draft's greedy continuation of context[:n_prompt + pos]; the draft's KV holds
     # that context plus chain[:-1] (its last token is not decoded yet).
@@ -171,6 +189,45 @@ def record_prompt(
         "ngram": ngram_fields(prompt, tokens),
     }
     return record, target_times, draft_times
+
+
+def translated_fields(
+    target: LlamaModel, draft: LlamaModel, prompt: list[int], tokens: list[int]
+) -> dict:
+    """A draft with another vocabulary, as the engine runs it (CrossVocabDraft): at every
+    position its translated greedy proposal of up to K_MAX target tokens, how many match, and
+    each token's confidence. A proposal may be shorter than K_MAX (the text of K_MAX + 1 draft
+    tokens did not reach further); agree counts only what it proposed."""
+    info = draft.info
+    source = CrossVocabDraft(draft, target, [info.bos_id] if info.add_bos else [])
+    context = prompt + tokens
+    greedy, keys = SamplingParams(), SampleKeys(0)
+    fields: dict[str, list] = {"agree": [], "confidence": [], "proposal_len": []}
+    for pos in range(len(tokens)):
+        want = min(K_MAX, len(tokens) - pos)
+        proposal = source.propose(context[: len(prompt) + pos], want, greedy, keys, _always)
+        fields["agree"].append(common_prefix(proposal.tokens, tokens[pos:]))
+        conf = [round(c, 4) for c in proposal.confidences]
+        fields["confidence"].append(conf + [0.0] * (want - len(conf)))
+        fields["proposal_len"].append(len(proposal.tokens))
+    return fields
+
+
+def _always(i: int, confidence: float) -> bool:
+    return True
+
+
+def one_token_times(model: LlamaModel, text: str, n: int = 24) -> list[float]:
+    """One-token decode times of `model` after its own tokenization of the prompt's text."""
+    ids = model.tokenize(text, parse_special=True)
+    model.sync(ids)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        model.decode([ids[-1]], [0])
+        times.append(time.perf_counter() - t0)
+    model.reset()
+    return times
 
 
 def ngram_fields(prompt: list[int], tokens: list[int]) -> dict:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import EdgeSpecError, InvalidRequestError
+from ..modes import DRAFT_MODES
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--draft", "-md", help="draft model (default: the manifest pair's draft for the target)"
     )
-    serve.add_argument("--draft-mode", choices=("auto", "model", "ngram", "none"), default="auto")
+    serve.add_argument("--draft-mode", choices=DRAFT_MODES, default="auto")
     from ..cli import add_engine_arguments, add_policy_arguments
 
     add_policy_arguments(serve)
@@ -91,7 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.target, args.draft, chat=True, draft_mode=args.draft_mode
     )
     target_path = resolve(target_name)  # fetches a missing manifest model before binding
-    draft_path = resolve(draft_name) if draft_name else None
+    draft_path = resolve(draft_name) if draft_name and draft_name != "self" else draft_name
     engine_config = replace(
         cli_engine_config(args),
         ngram_session_tokens=args.ngram_session_tokens,

@@ -57,6 +57,7 @@ def speculative_stats(result: GenerationResult) -> dict[str, Any]:
         "tokens_per_step": s.tokens_per_step,
         "steps_by_source": dict(s.steps_by_source),
         "draft_mode": result.draft_mode,
+        "draft_vocab": result.draft_vocab,  # "shared", "translated" or None
         "policy": result.policy,
         "finish_reason": result.finish_reason,  # ours, finer than OpenAI's
     }
