@@ -359,7 +359,9 @@ def add_profile_parser(sub: Any) -> None:
         "profile", help="measure (or show the cached) device profile of a model pair"
     )
     parser.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
-    parser.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
+    parser.add_argument(
+        "--draft", "-md", help="draft model: manifest name, GGUF path, or self (derived)"
+    )
     parser.add_argument("--no-draft", action="store_true", help="profile the target alone")
     parser.add_argument("--threads", "-t", type=int, default=None)
     parser.add_argument(
@@ -385,7 +387,14 @@ def run_profile(args: argparse.Namespace) -> int:
         raise InvalidRequestError("give --draft or --no-draft, not both")
     default_target, default_draft = default_pair()
     target = resolve(args.target or default_target)
-    draft = None if args.no_draft else resolve(args.draft or default_draft)
+    if args.no_draft:
+        draft = None
+    elif args.draft == "self":  # the target less some blocks (edge_spec.self_draft)
+        from .self_draft import self_draft_path
+
+        draft = self_draft_path(target, n_threads=args.threads)
+    else:
+        draft = resolve(args.draft or default_draft)
     profile, path, cached = lookup_or_profile(
         target,
         draft,

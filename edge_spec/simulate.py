@@ -43,7 +43,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -668,6 +668,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="policy names or prefixes, e.g. cost heuristic fixed-ngram (default: all)",
     )
     sim.add_argument("--k-max", type=int, default=8)
+    sim.add_argument(
+        "--draft-c",
+        default="profile",
+        help="the model draft's cost ratio c on every device: 'profile' (each profile's own, "
+        "the default), 'trace' (the one measured when the traces were recorded) or a number",
+    )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     return sim
 
@@ -689,6 +695,11 @@ def run_simulate(args: argparse.Namespace) -> int:
             sets[0].meta,
             tuple(p for s in sets for p in s.prompts),
         )
+        if args.draft_c != "profile":
+            c = float(traces.meta["measured"]["c"] if args.draft_c == "trace" else args.draft_c)
+            if not 0 <= c < 100:
+                raise ValueError(f"--draft-c must be in [0, 100), got {c}")
+            profiles = [replace(p, c=c) for p in profiles]
         reports = simulate(traces, profiles, args.policies, args.k_max)
     except (OSError, ValueError, KeyError) as exc:
         raise InvalidRequestError(f"simulate: {exc}") from exc

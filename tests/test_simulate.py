@@ -4,6 +4,7 @@ issue's done-when on the recorded traces (bench/traces). Pure replays: no model 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -305,3 +306,29 @@ def test_simulate_command_rejects_bad_input(tmp_path: Path) -> None:
     for argv in (["simulate", str(bad)], ["simulate", "--profiles", "nope"]):
         with pytest.raises(InvalidRequestError):
             run_simulate(parser.parse_args(argv))
+
+
+PAIR_TRACES = sorted((DEFAULT_TRACES / "pairs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", PAIR_TRACES, ids=lambda p: p.stem)
+def test_cross_vocabulary_and_self_draft_traces_replay_never_slower(path) -> None:
+    """The traces of drafts with another vocabulary and of self-drafts (bench/traces/pairs)
+    replay on every device; the cost policy stays at least 0.97x the target alone per
+    category there, with each device's own c and with the draft's c measured here."""
+    traces = load_traces(path)
+    assert len(traces.prompts) >= 12
+    profiles = [load_profile(n) for n in list_profiles()]
+    own_c = [dataclasses.replace(p, c=traces.meta["measured"]["c"]) for p in profiles]
+    for reports in (simulate(traces, profiles, ["cost"]), simulate(traces, own_c, ["cost"])):
+        for rep in reports:
+            assert rep.tps("fixed-model-1") != rep.tps("none")  # the model draft was replayed
+            for category, runs in rep.by_category.items():
+                ratio = runs["cost"].tokens_per_s / runs["none"].tokens_per_s
+                assert ratio >= 0.97, (rep.profile.name, category)
+
+
+def test_pair_traces_exist_for_both_directions_and_self() -> None:
+    names = {p.stem for p in PAIR_TRACES}
+    assert {"gemma3-270m-f16__smollm2-135m-q4_0", "smollm2-135m-f16__gemma3-270m-q4_0"} <= names
+    assert {"gemma3-270m-f16__self", "smollm2-135m-f16__self"} <= names

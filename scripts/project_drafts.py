@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Project model drafts onto every bundled device profile from their recorded traces: per
+trace (one target/draft pair), the model draft's best fixed k and its speedup over the target
+alone, and the cost policy over all sources (model draft, n-gram, none). A projection from
+acceptance measured here and each device's t(n), never a measurement on that device.
+
+    .venv/bin/python scripts/project_drafts.py bench/traces/pairs bench/traces/*.json
+    .venv/bin/python scripts/project_drafts.py bench/traces/pairs --draft-c trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from edge_spec.simulate import list_profiles, load_profile, load_traces, simulate  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", type=Path, help="trace files or folders of them")
+    ap.add_argument("--draft-c", default="profile", help="profile, trace, or a number")
+    opts = ap.parse_args()
+    files = [f for p in opts.paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    names = list_profiles()
+    print(
+        "| target | draft | c used | "
+        + " | ".join(names)
+        + " |\n|---|---|---|"
+        + "---|" * len(names)
+    )
+    for path in files:
+        traces = load_traces(path)
+        profiles = [load_profile(n) for n in names]
+        if opts.draft_c != "profile":
+            measured = traces.meta["measured"]["c"]
+            c = float(measured if opts.draft_c == "trace" else opts.draft_c)
+            profiles = [replace(p, c=c) for p in profiles]
+        reports = simulate(traces, profiles, ["cost", "fixed-model"], k_max=8)
+        cells = []
+        for report in reports:
+            fixed = {
+                name: r.tokens_per_s for name, r in report.results.items() if "fixed-model" in name
+            }
+            best = max(fixed, key=fixed.__getitem__)
+            alone = report.results["none"].tokens_per_s
+            cost = report.results["cost"].tokens_per_s / alone
+            cells.append(f"k={best.rsplit('-', 1)[1]} {fixed[best] / alone:.2f}x, cost {cost:.2f}x")
+        c_used = "profiles'" if opts.draft_c == "profile" else f"{profiles[0].c:.2f}"
+        draft = Path(str(traces.draft)).name.removesuffix(".gguf")
+        print(f"| {traces.target} | {draft} | {c_used} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
