@@ -65,8 +65,15 @@ def test_a_layer_subset_computes_what_its_blocks_compute(smollm2_path: Path, tmp
 
 
 @pytest.mark.models
-def test_self_draft_output_is_the_targets_and_drafts_are_accepted(smollm2_path: Path) -> None:
-    with EdgeSpec(smollm2_path, draft_mode="self", config=EngineConfig(n_ctx=512)) as spec:
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_self_draft_output_is_the_targets_and_drafts_are_accepted(
+    which: str, smollm2_path: Path, target_path: Path
+) -> None:
+    """Both registry targets (SmolLM2-135M F16, and the default pair's Gemma-3-270M F16). The
+    Gemma-3 self-draft agrees far less (its best subset, the first 12 of 18 blocks, measured
+    0.47 top-1 on the probe prompts, 0.1-0.5 per prompt here), so only acceptance is asked."""
+    path = smollm2_path if which == "smollm2" else target_path
+    with EdgeSpec(path, draft_mode="self", config=EngineConfig(n_ctx=512)) as spec:
         assert spec.draft_is_self and spec.draft_path is not None
         assert ".self-" in spec.draft_path.name  # derived, cached beside the other models
         n_drafted = n_accepted = n_diverged = 0
@@ -78,6 +85,7 @@ def test_self_draft_output_is_the_targets_and_drafts_are_accepted(smollm2_path: 
             n_drafted += got.stats.n_drafted
             n_accepted += got.stats.n_accepted
         assert n_diverged <= 1
-        assert n_drafted > 40 and n_accepted > n_drafted // 5, (n_drafted, n_accepted)
+        min_rate = 0.2 if which == "smollm2" else 0.02
+        assert n_drafted > 40 and n_accepted > n_drafted * min_rate, (n_drafted, n_accepted)
         with pytest.raises(InvalidRequestError, match="self"):
-            EdgeSpec(smollm2_path, smollm2_path, draft_mode="self")
+            EdgeSpec(path, path, draft_mode="self")
