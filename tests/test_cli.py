@@ -99,9 +99,15 @@ def test_bad_files_exit_2_with_one_line(
         truncated.write_bytes(f.read(3_000_000))
     _assert_user_error(edge_spec("generate", "Hi", "--target", str(truncated)), "invalid GGUF")
     _assert_user_error(
-        edge_spec("generate", "Hi", "--target", str(smollm2_path), "--draft", str(gemma_path)),
-        "differ",
+        edge_spec("generate", "Hi", "--draft-mode", "self", "--draft", str(gemma_path)),
+        "self derives its draft",
     )
+    # A draft with another vocabulary is no error: its drafts are translated.
+    out = edge_spec(
+        "generate", "Hi", "--target", str(smollm2_path), "--draft", str(gemma_path), "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["draft_vocab"] == "translated"
 
 
 def test_prompt_longer_than_context_exits_2() -> None:
