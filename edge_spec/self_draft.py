@@ -69,8 +69,10 @@ def self_draft_path(target_path: str | Path, *, n_threads: int | None = None) ->
 
 def load_or_choose(target_path: str | Path, *, n_threads: int | None = None) -> SelfDraftChoice:
     from .device import file_sha256
+    from .gguf_validate import validate_gguf
 
     target_path = Path(target_path)
+    validate_gguf(target_path)  # a bad file is one clear error, before the gguf reader sees it
     sha = file_sha256(target_path)
     record = _record_path(sha)
     if record.is_file():

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_spec import EdgeSpec, EngineConfig, InvalidRequestError
+from edge_spec import EdgeSpec, EngineConfig, InvalidRequestError, ModelFileError
 from edge_spec.backend import LlamaModel
 from edge_spec.gguf import read_facts
 from edge_spec.layer_subset import LAYER_PERIOD, check_subset, valid_subsets, write_layer_subset
@@ -41,6 +41,13 @@ def test_bad_subsets_are_refused_before_anything_is_written() -> None:
     check_subset(tuple(i for i in range(18) if not 3 <= i < 3 + period), 18, "gemma3")
     with pytest.raises(InvalidRequestError, match="draft"):
         choose_pair("smollm2-135m-f16", "gemma3-270m-q4_0", draft_mode="self")
+
+
+def test_a_bad_target_file_is_one_clear_error_in_self_mode(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 4000)
+    with pytest.raises(ModelFileError):
+        EdgeSpec(junk, draft_mode="self")
 
 
 @pytest.mark.models
