@@ -253,3 +253,12 @@ def test_a_draft_with_no_room_left_proposes_nothing() -> None:
     source.draft_model.n_ctx = 4
     draft = source.propose([0, 1, 2, 3, 4], 3, SamplingParams(), SampleKeys(0))
     assert draft.tokens == ()
+
+
+def test_a_context_shorter_than_the_lookbehind_reads_from_its_start() -> None:
+    """Context "ab" (one token): the lookbehind covers all of it; "ab" + "ca" still reads
+    as "ab", "ca" and "ca" is proposed."""
+    _, source = make_pair()
+    ids = TARGET_VOCAB.by_text
+    assert translate(source, [ids["ab"]], "ca", 2)[0] == (ids["ca"],)
+    assert translate(source, [ids["c"], ids["a"]], "b", 1)[0] == (ids["b"],)

@@ -162,7 +162,8 @@ class CrossVocabDraft(ModelDraft):
         while lookbehind < min(LOOKBEHIND, n) and view.piece_len(n - 1 - lookbehind) > 0:
             lookbehind += 1
         for n_behind in range(lookbehind, -1, -1):
-            tail = bytes(view.text[view.ends[n - n_behind - 1] :]) if n_behind else b""
+            start = view.ends[n - n_behind - 1] if n_behind < n else 0
+            tail = bytes(view.text[start:]) if n_behind else b""
             region = tail + drafted
             text = region[: _complete_end(region, 0)].decode("utf-8", "replace")
             ids = vocab.tokenize(text, add_special=False)
