@@ -82,6 +82,11 @@ def run_chat(args: argparse.Namespace) -> int:
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:  # pragma: no cover - not on every platform
         pass
+    if sys.stdin.isatty():
+        # An interactive chat answers Ctrl-C even when it was started with SIGINT ignored (a
+        # background job of a non-interactive shell, `(nohup ... &)`): Python then installs no
+        # KeyboardInterrupt handler of its own.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     term = Terminal(sys.stdout, color=_wants_color(sys.stdout, args.no_color))
     term.notice(f"loading {target}" + (f" with draft {draft}" if draft else ""))
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
