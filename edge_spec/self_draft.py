@@ -37,6 +37,7 @@ SELF = "self"  # the draft name meaning "derived from the target"
 PROBE_PROMPTS = 6  # bench completion prompts, one per category
 PROBE_TOKENS = 32  # the target's greedy continuation of each
 K_CHOICES = range(1, 9)
+COST_CONTEXT, COST_REPEATS = 64, 16  # c is timed after 64 tokens, 16 one-token decodes each
 SCHEMA = 1
 
 
@@ -107,13 +108,12 @@ def choose(target_path: Path, sha: str, *, n_threads: int | None = None) -> Self
     with LlamaModel(target_path, n_ctx=1024, n_threads=n_threads) as target:
         arch, n_layer = target.info.architecture, _block_count(reader)
         probes = _probes(target)
-        target_ms = _one_token_ms(target, probes[0][0])
         candidates: list[Candidate] = []
 
         def measure(path: Path, layers: tuple[int, ...], ftype: str | None) -> Candidate:
             with LlamaModel(path, n_ctx=1024, n_threads=n_threads) as draft:
                 agree = _agreement(draft, probes)
-                c = _one_token_ms(draft, probes[0][0]) / target_ms
+                c = _one_token_cost_ratio(draft, target)
             k, speedup = _best_k(agree, c, rel)
             candidate = Candidate(layers, ftype, round(agree, 4), round(c, 4), k, round(speedup, 4))
             log.info(
@@ -198,18 +198,12 @@ def _agreement(draft, probes: Sequence[tuple[list[int], list[int]]]) -> float:
     return hits / total
 
 
-def _one_token_ms(model, ids: Sequence[int], n: int = 16) -> float:
-    model.reset()
-    model.decode(ids[:-1])
-    for _ in range(4):  # warm-up: a freshly written file is paged in on first use
-        model.decode([ids[-1]], [0])
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        model.decode([ids[-1]], [0])
-        times.append(time.perf_counter() - t0)
-    model.reset()
-    return statistics.median(times) * 1e3
+def _one_token_cost_ratio(draft, target) -> float:
+    """c: the draft's median one-token decode over the target's, timed interleaved."""
+    from .probes import time_batches
+
+    draft_times, target_times = time_batches([draft, target], COST_CONTEXT, [1], COST_REPEATS)
+    return statistics.median(draft_times[1]) / statistics.median(target_times[1])
 
 
 def _block_count(reader) -> int:

@@ -54,6 +54,7 @@ from edge_spec.drafts.ngram import lookup  # noqa: E402
 from edge_spec.errors import VocabMismatchError  # noqa: E402
 from edge_spec.keys import SampleKeys  # noqa: E402
 from edge_spec.models import default_pair, resolve  # noqa: E402
+from edge_spec.probes import time_batches  # noqa: E402
 from edge_spec.sampling import SamplingParams  # noqa: E402
 from edge_spec.simulate import K_MAX, TRACE_SCHEMA  # noqa: E402
 from edge_spec.vocab import check_compatible  # noqa: E402
@@ -154,7 +155,10 @@ def record_prompt(
             "model": model,
             "ngram": ngram_fields(prompt, tokens),
         }
-        return record, target_times, one_token_times(draft, text)
+        # One-token times of both models, interleaved after the same 64-token context, so c
+        # compares like with like (the translated proposals above are not single decodes).
+        draft_times, target_times_64 = time_batches([draft, target], 64, [1], 24)
+        return record, target_times_64[1], draft_times[1]
 
     # chain: the draft's greedy continuation of context[:n_prompt + pos]; the draft's KV holds
     # that context plus chain[:-1] (its last token is not decoded yet).
@@ -215,19 +219,6 @@ def translated_fields(
 
 def _always(i: int, confidence: float) -> bool:
     return True
-
-
-def one_token_times(model: LlamaModel, text: str, n: int = 24) -> list[float]:
-    """One-token decode times of `model` after its own tokenization of the prompt's text."""
-    ids = model.tokenize(text, parse_special=True)
-    model.sync(ids)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        model.decode([ids[-1]], [0])
-        times.append(time.perf_counter() - t0)
-    model.reset()
-    return times
 
 
 def ngram_fields(prompt: list[int], tokens: list[int]) -> dict:

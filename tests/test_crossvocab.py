@@ -158,7 +158,7 @@ def test_greedy_cross_vocabulary_output_is_the_targets_and_drafts_are_accepted(k
         assert got == alone
         assert target.tokens == (prompt + got)[:-1]
         # The draft's tokens spell the committed text exactly, and its KV holds a prefix of them.
-        draft_tokens = source._draft_context(prompt + got)
+        draft_tokens = source._draft_tokens(prompt + got)
         assert DRAFT_VOCAB.text(draft_tokens) == TARGET_VOCAB.text(prompt + got)
         n_drafted += drafted
         n_accepted += accepted
@@ -208,7 +208,7 @@ def test_sampled_cross_vocabulary_output_follows_the_target() -> None:
 
 def translate(source: CrossVocabDraft, context: list[int], text: str, n_confirmed: int):
     """Translate drafted text given as draft pieces (one per character), all confidence 0.5."""
-    source._draft_context(context)
+    source._draft_tokens(context)
     pieces = [c.encode() for c in text]
     return source._translate(context, pieces, [0.5] * len(pieces), n_confirmed)
 
@@ -244,7 +244,7 @@ def test_draft_context_follows_edits_and_rewinds() -> None:
         if context and rng.random() < 0.3:
             del context[int(rng.integers(0, len(context))) :]
         context.extend(int(t) for t in rng.integers(0, len(TARGET_PIECES), size=3))
-        tokens = source._draft_context(context)
+        tokens = source._draft_tokens(context)
         assert DRAFT_VOCAB.text(tokens) == TARGET_VOCAB.text(context)
 
 

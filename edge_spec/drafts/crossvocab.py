@@ -60,16 +60,8 @@ class CrossVocabDraft(ModelDraft):
         self.target_vocab = target_vocab
         self.draft_prefix = list(draft_prefix)
         self._target = _TokenText(target_vocab)  # the target context as text
-        self._draft_tokens: list[int] = list(draft_prefix)  # the draft's tokens for that text
+        self._tokens: list[int] = list(draft_prefix)  # the draft's tokens for that text
         self._draft_ends: list[int] = [0] * len(draft_prefix)  # byte end of each in the text
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.draft_model.sync(self._draft_context(prompt)[:-1])
-
-    def lag(self, context: Sequence[int]) -> int:
-        """Draft tokens the next proposal's first decode would cover."""
-        tokens = self._draft_context(context)
-        return max(1, len(tokens) - common_prefix(self.draft_model.tokens, tokens[:-1]))
 
     def propose(
         self,
@@ -80,14 +72,11 @@ class CrossVocabDraft(ModelDraft):
         keep_drafting: KeepDrafting | None = None,
     ) -> Draft:
         model = self.draft_model
-        draft_context = self._draft_context(context)
+        draft_context = self._draft_tokens(context)
         limit = min(k + 1, model.n_ctx - len(draft_context))  # one draft token of lookahead
         if k <= 0 or limit < 2 or not draft_context:
             return NO_DRAFT
-        n_reused = common_prefix(model.tokens, draft_context[:-1])
-        model.truncate(n_reused)
-        fresh = draft_context[n_reused:]
-        logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
+        logits = self._catch_up(draft_context)  # (n_vocab,)
         pieces: list[bytes] = []
         confidences: list[float] = []
         ended = False
@@ -117,7 +106,7 @@ class CrossVocabDraft(ModelDraft):
 
     # ---- the draft's view of the context ---------------------------------------------------
 
-    def _draft_context(self, context: Sequence[int]) -> list[int]:
+    def _draft_tokens(self, context: Sequence[int]) -> list[int]:
         """The draft's tokens for the text of `context`, updated incrementally."""
         n_same_bytes = self._target.update(context)
         text = self._target.text
@@ -130,15 +119,15 @@ class CrossVocabDraft(ModelDraft):
         while n_keep > len(self.draft_prefix) and _is_continuation(text, start):
             n_keep -= 1  # a byte-level draft token split a character: start before it
             start = self._draft_ends[n_keep - 1] if n_keep else 0
-        del self._draft_tokens[n_keep:], self._draft_ends[n_keep:]
+        del self._tokens[n_keep:], self._draft_ends[n_keep:]
         end = _complete_end(text, start)  # a trailing partial character waits for the rest
         if end > start:
             new = self.draft_model.tokenize(
                 bytes(text[start:end]).decode("utf-8", "replace"), add_special=False
             )
-            self._draft_tokens.extend(new)
+            self._tokens.extend(new)
             self._draft_ends.extend(_ends(self.draft_model, new, start, end))
-        return self._draft_tokens
+        return self._tokens
 
     # ---- drafted text to target tokens -----------------------------------------------------
 

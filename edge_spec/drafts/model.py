@@ -30,21 +30,35 @@ class ModelDraft:
     def decode_s(self) -> float:
         return self.draft_model.decode_s
 
+    def _draft_tokens(self, context: Sequence[int]) -> Sequence[int]:
+        """The draft's own tokens for the context: the same ids here (a draft with another
+        vocabulary re-tokenizes the text)."""
+        return context
+
     def begin(self, prompt: Sequence[int]) -> None:
         # The target decodes prompt[:-1] in prefill; the draft does the same so that the first
         # proposal only decodes the last prompt token. (The engine skips this when the policy
         # does not expect to draft with the model: then its first proposal catches up.)
-        self.draft_model.sync(prompt[:-1])
+        self.draft_model.sync(self._draft_tokens(prompt)[:-1])
 
     def lag(self, context: Sequence[int]) -> int:
         """How many tokens the next proposal's first decode would cover: those after the
-        longest prefix of context[:-1] the cache holds (at least the last token)."""
-        return len(context) - self._reusable(context)
+        longest prefix of the draft's tokens[:-1] the cache holds (at least the last token)."""
+        tokens = self._draft_tokens(context)
+        return max(1, len(tokens) - self._reusable(tokens))
 
-    def _reusable(self, context: Sequence[int]) -> int:
-        """Cached tokens a proposal keeps: the prefix shared with context[:-1] (the last token
+    def _reusable(self, tokens: Sequence[int]) -> int:
+        """Cached tokens a proposal keeps: the prefix shared with tokens[:-1] (the last token
         is always re-decoded, for its logits)."""
-        return common_prefix(self.draft_model.tokens, context[: len(context) - 1])
+        return common_prefix(self.draft_model.tokens, tokens[: len(tokens) - 1])
+
+    def _catch_up(self, tokens: Sequence[int]) -> np.ndarray:
+        """Bring the cache to `tokens`, reusing the cached prefix but re-decoding at least the
+        last token; returns its logits, (n_vocab,)."""
+        n_reused = self._reusable(tokens)
+        self.draft_model.truncate(n_reused)
+        fresh = tokens[n_reused:]
+        return self.draft_model.decode(fresh, [len(fresh) - 1])[0]
 
     def propose(
         self,
@@ -58,11 +72,7 @@ class ModelDraft:
         k = min(k, model.n_ctx - len(context))
         if k <= 0:
             return NO_DRAFT
-        # Reuse the cached prefix but re-decode at least the last token: we need its logits.
-        n_reused = self._reusable(context)
-        model.truncate(n_reused)
-        fresh = context[n_reused:]
-        logits = model.decode(fresh, [len(fresh) - 1])[0]  # (n_vocab,)
+        logits = self._catch_up(context)  # (n_vocab,)
         tokens: list[int] = []
         confidences: list[float] = []
         for i in range(k):
