@@ -39,6 +39,7 @@ def main() -> None:
     for name in opts.drafts:
         variants += [(name, "model", k) for k in opts.k] + [(name, "auto", None)]
     totals: dict = defaultdict(lambda: defaultdict(float))
+    vocabulary: dict = {}  # "shared", "translated", or None without a model draft
     per_position: dict = defaultdict(lambda: [[0, 0] for _ in range(64)])
     for spec in specs.values():
         spec.generate(prompts[0].completion, max_tokens=8)  # page in, profile if needed
@@ -46,7 +47,9 @@ def main() -> None:
         for name, mode, k in variants:
             spec = first if mode == "none" else specs[name]
             cfg = GenerationConfig(max_tokens=opts.max_tokens, k=k, draft_mode=mode)
-            s = spec.generate(prompt.completion, cfg).stats
+            result = spec.generate(prompt.completion, cfg)
+            vocabulary[(name, mode, k)] = result.draft_vocab
+            s = result.stats
             t = totals[(name, mode, k)]
             t["tokens"] += s.n_generated
             t["decode_s"] += s.total_s - s.prefill_s
@@ -67,11 +70,7 @@ def main() -> None:
             {
                 "draft": name,
                 "draft_file": spec.draft_path.name if spec.draft_path and mode != "none" else None,
-                "vocabulary": (
-                    getattr(spec._sources.get("model"), "vocabulary", None)
-                    if mode != "none"
-                    else None
-                ),
+                "vocabulary": vocabulary[(name, mode, k)],
                 "mode": mode,
                 "k": k,
                 "c": round(spec.cost_curve().c, 3) if mode != "none" else None,
