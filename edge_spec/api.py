@@ -16,18 +16,16 @@ from .chat import choose_template, render_chat
 from .drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
 from .engine import Prefill, Step, run_steps
 from .errors import InvalidRequestError, VocabMismatchError
-from .modes import DRAFT_MODES, DraftMode
+from .modes import DRAFT_MODES, SELF, DraftMode
 from .placement import plan_placement
 from .policy import CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
-from .self_draft import SELF, self_draft_path
+from .self_draft import self_draft_path
 from .stats import GenerationStats, StatsCollector
 from .text import Span, TextAssembler
 from .vocab import check_compatible
 
 log = logging.getLogger(__name__)
-
-# auto: per step, the cost-model policy chooses among the model draft, n-gram lookup and none.
 
 PolicyName = Literal["fixed", "heuristic", "cost"]
 POLICIES: tuple[str, ...] = ("fixed", "heuristic", "cost")

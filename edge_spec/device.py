@@ -30,6 +30,7 @@ from .errors import EdgeSpecError
 from .files import HashCache, atomic_output, locked
 from .gguf import check_gguf_file
 from .models import cache_dir
+from .modes import SELF
 from .policy import CostCurve
 from .probes import FULL, N_VERIFY, QUICK, HostInfo, ModelCost
 
@@ -389,7 +390,7 @@ def run_profile(args: argparse.Namespace) -> int:
     target = resolve(args.target or default_target)
     if args.no_draft:
         draft = None
-    elif args.draft == "self":  # the target less some blocks (edge_spec.self_draft)
+    elif args.draft == SELF:  # the target less some blocks (edge_spec.self_draft)
         from .self_draft import self_draft_path
 
         draft = self_draft_path(target, n_threads=args.threads)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
 from edge_spec.files import TMP_SUFFIX, HashCache, atomic_output
 from edge_spec.files import locked as _locked
+from edge_spec.modes import SELF
 
 log = logging.getLogger(__name__)
 
@@ -245,11 +246,11 @@ def choose_pair(
     if draft_mode in ("ngram", "none"):
         return target, None
     if draft_mode == "self":
-        if draft and draft != "self":
+        if draft and draft != SELF:
             raise InvalidRequestError(
                 "--draft-mode self derives its draft from the target: no --draft"
             )
-        return target, "self"
+        return target, SELF
     if draft:
         return target, draft
     if target == default_target:

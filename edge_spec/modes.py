@@ -9,3 +9,4 @@ DraftMode = Literal["auto", "model", "ngram", "none", "self"]
 # that source or none; none: the target alone; self: the model draft is derived from the
 # target (edge_spec.self_draft): EdgeSpec(target, "self") or draft_mode="self" at construction.
 DRAFT_MODES: tuple[str, ...] = ("auto", "model", "ngram", "none", "self")
+SELF = "self"  # as a draft name: the self-draft, derived from the target

@@ -33,7 +33,6 @@ from .errors import ModelFileError
 
 log = logging.getLogger(__name__)
 
-SELF = "self"  # the draft name meaning "derived from the target"
 PROBE_PROMPTS = 6  # bench completion prompts, one per category
 PROBE_TOKENS = 32  # the target's greedy continuation of each
 K_CHOICES = range(1, 9)

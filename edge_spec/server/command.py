@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import EdgeSpecError, InvalidRequestError
-from ..modes import DRAFT_MODES
+from ..modes import DRAFT_MODES, SELF
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.target, args.draft, chat=True, draft_mode=args.draft_mode
     )
     target_path = resolve(target_name)  # fetches a missing manifest model before binding
-    draft_path = resolve(draft_name) if draft_name and draft_name != "self" else draft_name
+    draft_path = resolve(draft_name) if draft_name and draft_name != SELF else draft_name
     engine_config = replace(
         cli_engine_config(args),
         ngram_session_tokens=args.ngram_session_tokens,
