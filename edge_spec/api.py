@@ -14,9 +14,11 @@ from typing import Any, Literal
 from .backend import LlamaModel
 from .chat import choose_template, render_chat
 from .drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
+from .drafts.head import HeadDraft
 from .engine import Prefill, Step, run_steps
 from .errors import InvalidRequestError, VocabMismatchError
-from .modes import DRAFT_MODES, SELF, DraftMode
+from .heads import find_head
+from .modes import DRAFT_MODES, HEAD, SELF, DraftMode
 from .placement import plan_placement
 from .policy import CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
@@ -60,6 +62,9 @@ class EngineConfig:
     # file llama.cpp aborts on cannot take this process down (edge_spec.isolation). The CLI and
     # the server set it; a library user whose files come from elsewhere may.
     verify_in_child: bool = False
+    # A draft head trained for the target (edge-spec head train) drafts in auto mode when one
+    # exists; False keeps auto to the draft model. draft_mode "head" needs one either way.
+    use_head: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -250,6 +255,17 @@ class EdgeSpec:
             self.draft_path = _resolve(draft) if draft is not None else None
         if mode == "model" and self.draft_path is None:
             raise InvalidRequestError("draft_mode 'model' needs a draft model")
+        if mode == HEAD and draft is not None:
+            raise InvalidRequestError("draft_mode 'head' drafts with the target's head: no draft")
+        # A draft head trained for this target: its directory in the model cache, or None.
+        self.head_dir: Path | None = None
+        if mode == HEAD or (mode == "auto" and cfg.use_head):
+            self.head_dir = find_head(self.target_path)
+            if self.head_dir is None and mode == HEAD:
+                raise InvalidRequestError(
+                    f"no draft head for {self.target_path.name}: train one with "
+                    f"`edge-spec head train -m {self.target_path}`"
+                )
         self.default_draft_mode: DraftMode = mode
         if cfg.verify_in_child:
             from .isolation import verify_in_child
@@ -272,6 +288,7 @@ class EdgeSpec:
             n_batch=cfg.n_batch,
             n_threads=cfg.n_threads,
             n_gpu_layers=cfg.n_gpu_layers,
+            hidden_states=self.head_dir is not None,
         )
         self._sources: dict[str, DraftSource] = {
             "none": NoDraft(),
@@ -300,6 +317,14 @@ class EdgeSpec:
                 raise
             self.draft = draft_model
             self._sources["model"] = model_source
+        if self.head_dir is not None:
+            try:
+                self._sources[HEAD] = HeadDraft(
+                    self.head_dir, self.target_path, self.target.n_vocab
+                )
+            except Exception:
+                self.close()
+                raise
         info = self.target.info
         try:
             self.chat_template = choose_template(
@@ -396,6 +421,11 @@ class EdgeSpec:
         mode: DraftMode = cfg.draft_mode or self.default_draft_mode
         if mode == "model" and "model" not in self._sources:
             raise InvalidRequestError(f"draft_mode {mode!r} needs a draft model; none is loaded")
+        if mode == HEAD and HEAD not in self._sources:
+            raise InvalidRequestError(
+                "draft_mode 'head' needs a draft head: none was trained for this target "
+                "(edge-spec head train)"
+            )
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
@@ -448,7 +478,7 @@ class EdgeSpec:
                 token_ids=tuple(token_ids),
                 prompt_token_ids=tuple(prompt_ids),
                 target=str(self.target_path),
-                draft=str(self.draft_path) if "model" in sources else None,
+                draft=_draft_name(sources.get("model"), self.draft_path, self.head_dir),
                 draft_mode=mode,
                 policy=policy.name,
                 k=cfg.k,
@@ -471,24 +501,43 @@ class EdgeSpec:
             "auto": ("model", "ngram", "none"),
             "model": ("model", "none"),
             "self": ("model", "none"),
+            "head": ("model", "none"),
             "ngram": ("ngram", "none"),
             "none": ("none",),
         }[mode]
-        sources = {name: self._sources[name] for name in names if name in self._sources}
+        # The policy's learned-draft slot ("model"): the head in head mode, and in auto when one
+        # was trained for the target (it costs ~1 % of a step where a draft model costs a third
+        # or more); the draft model otherwise.
+        learned = HEAD if mode == HEAD or (mode == "auto" and HEAD in self._sources) else "model"
+        sources = {
+            name: self._sources[learned if name == "model" else name]
+            for name in names
+            if (learned if name == "model" else name) in self._sources
+        }
         policy_name = cfg.policy_name if mode != "none" else "fixed"
         k = (DEFAULT_K if cfg.k is None else cfg.k) if mode != "none" else 0
         # Acceptance differs between greedy and sampled decoding: learn them apart.
-        key = (mode, policy_name, k, cfg.k_max, cfg.tree_nodes, cfg.sampling.greedy)
+        key = (mode, learned, policy_name, k, cfg.k_max, cfg.tree_nodes, cfg.sampling.greedy)
         if key not in self._policies:
-            costs = self.cost_curve() if policy_name == "cost" else None
+            costs = self.cost_curve(learned) if policy_name == "cost" else None
             self._policies[key] = make_policy(
                 policy_name, costs, k=k, k_max=max(k, cfg.k_max), tree_nodes=cfg.tree_nodes
             )
         return sources, self._policies[key]
 
-    def cost_curve(self) -> CostCurve:
+    def cost_curve(self, learned: str = "model") -> CostCurve:
         """This device's measured costs for the loaded pair: the cached profile, or a quick
-        profile measured now (the first time a pair is used on a machine)."""
+        profile measured now (the first time a pair is used on a machine). With the head in
+        the learned-draft slot, its own cost per token (measured at load) replaces the draft
+        model's: flat, since it reads the target's hidden state instead of re-decoding."""
+        if learned == HEAD:
+            head = self._sources[HEAD]
+            assert isinstance(head, HeadDraft)
+            return replace(
+                self.cost_curve(),
+                draft_token_s=head.token_s,
+                draft_verify_s=(head.token_s, head.token_s),
+            )
         if self._costs is None:
             from .device import load_or_profile
 
@@ -528,6 +577,13 @@ def _model_source(target: LlamaModel, draft_model: LlamaModel) -> ModelDraft:
         info = draft_model.info
         return CrossVocabDraft(draft_model, target, [info.bos_id] if info.add_bos else [])
     return ModelDraft(draft_model)
+
+
+def _draft_name(source: DraftSource | None, draft: Path | None, head: Path | None) -> str | None:
+    """What drafted in the learned-draft slot: the draft model's path or the head's directory."""
+    if source is None:
+        return None
+    return str(head) if isinstance(source, HeadDraft) else str(draft)
 
 
 def _join(spans: Sequence[Span]) -> str:

@@ -84,9 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-mode",
         choices=DRAFT_MODES,
         default="auto",
-        help="auto: per step the policy picks the model draft, n-gram lookup or none (default); "
+        help="auto: per step the policy picks the learned draft (the target's head when one "
+        "was trained, else the model draft), n-gram lookup or none (default); "
         "self: the draft is the target less some blocks, derived and chosen on first use "
-        "(--draft self does the same under auto)",
+        "(--draft self does the same under auto); head: the target's draft head "
+        "(edge-spec head train)",
     )
     add_policy_arguments(gen)
     gen.add_argument("--max-tokens", "-n", type=int, default=128)
@@ -102,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_bench_parser
     from .chat_terminal import add_chat_parser
     from .device import add_profile_parser
+    from .headtrain.command import add_head_parser
     from .server.command import add_serve_parser
     from .simulate import add_simulate_parser
 
@@ -110,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_head_parser(sub)
 
     models = sub.add_parser("models", help="list or prepare the registry models")
     msub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
@@ -150,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .server.command import run_serve
 
             return run_serve(args)
+        if args.command == "head":
+            from .headtrain.command import run_head
+
+            return run_head(args)
         return _models(args)
     except EdgeSpecError as exc:
         print(f"edge-spec: error: {exc}", file=sys.stderr)

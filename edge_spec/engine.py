@@ -86,6 +86,10 @@ def run_steps(
     ngram = sources.get("ngram")
     # Token trees need a target that keeps one sequence per branch, and a policy that plans them.
     trees = policy.tree_nodes > 0 and target.max_tree_leaves > 1
+    # Draft heads read the target's hidden state of the row that chose the newest token.
+    heads = [s for s in sources.values() if getattr(s, "wants_hidden", False)]
+    if heads and not target.hidden_states:
+        raise InvalidRequestError("a draft head needs a target loaded with hidden_states=True")
 
     t0 = time.perf_counter()
     cached = target.sync(context[:-1])
@@ -115,8 +119,10 @@ def run_steps(
             plan, sources, candidate, context, sampling, keys, policy, target.max_tree_leaves
         )
         t1 = time.perf_counter()
-        verdict = _target_pass(target, draft, context, sampling, keys)
+        verdict, hidden = _target_pass(target, draft, context, sampling, keys, bool(heads))
         context.extend(verdict.tokens)
+        for head in heads:
+            head.observe(len(context), hidden)
         n_out += len(verdict.tokens)
         t2 = time.perf_counter()
         match_len = candidate.match_len if candidate and plan.source == "ngram" else 0
@@ -188,20 +194,28 @@ def _depth(draft: Draft) -> int:
 
 
 def _target_pass(
-    target: LlamaModel, draft: Draft, context: list[int], sampling: SamplingParams, keys: SampleKeys
-) -> Verdict:
+    target: LlamaModel,
+    draft: Draft,
+    context: list[int],
+    sampling: SamplingParams,
+    keys: SampleKeys,
+    want_hidden: bool = False,
+) -> tuple[Verdict, np.ndarray | None]:
     """One target pass over [last token, draft...] (a chain, or a token tree with one sequence
-    per branch), verified; the cache keeps what was accepted."""
+    per branch), verified; the cache keeps what was accepted. With want_hidden, also the hidden
+    state of the row that chose the target's own token (the last accepted one's row)."""
     batch = [context[-1], *draft.tokens]
     if draft.parents:
         logits = target.decode_tree(batch, (-1, *(p + 1 for p in draft.parents)))
         verdict = verify_tree(draft.tokens, draft.parents, logits, sampling, keys, len(context))
+        hidden = target.hidden(verdict.path[-1] + 1 if verdict.path else 0) if want_hidden else None
         target.keep_tree([i + 1 for i in verdict.path])
-        return verdict
+        return verdict, hidden
     logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
     verdict = _verify(draft, logits, sampling, keys, len(context))
+    hidden = target.hidden(verdict.n_accepted) if want_hidden else None
     target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
-    return verdict
+    return verdict, hidden
 
 
 def _verify(

@@ -15,7 +15,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,17 @@ class GgufSummary:
     n_kv: int
     n_vocab: int
     data_offset: int
+    # name -> (ggml type, dims, absolute byte offset of its data): what a reader of one tensor
+    # (the draft head's embedding rows) needs, already checked to lie inside the file.
+    tensors: dict[str, TensorLayout] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    ggml_type: int
+    dims: tuple[int, ...]  # ggml order: dims[0] is the row length
+    offset: int
+    n_bytes: int
 
 
 class _Bad(Exception):
@@ -230,7 +241,8 @@ def _validate(r: _Reader) -> GgufSummary:
         raise _Bad("the tensor data section starts past the end of the file")
     data_size = r.size - data_offset
     seen: set[bytes] = set()
-    for name, n_bytes, offset in tensors:
+    layouts: dict[str, TensorLayout] = {}
+    for name, n_bytes, offset, ttype, dims in tensors:
         label = name.decode("utf-8", "replace")
         if name in seen:
             raise _Bad(f"duplicate tensor name {label!r}")
@@ -239,9 +251,10 @@ def _validate(r: _Reader) -> GgufSummary:
             raise _Bad(f"tensor {label!r}: offset {offset} is not a multiple of {alignment}")
         if offset > data_size or n_bytes > data_size - offset:
             raise _Bad(f"tensor {label!r}: its {n_bytes} bytes at {offset} run past the file")
+        layouts[label] = TensorLayout(ttype, dims, data_offset + offset, n_bytes)
     n_vocab = _check_vocab(meta)
     _check_hparams(meta)
-    return GgufSummary(r.size, version, n_tensors, n_kv, n_vocab, data_offset)
+    return GgufSummary(r.size, version, n_tensors, n_kv, n_vocab, data_offset, layouts)
 
 
 class _Array:
@@ -316,7 +329,7 @@ class _SkippedArray(_Array):
         return self.n
 
 
-def _tensor_info(r: _Reader, i: int) -> tuple[bytes, int, int]:
+def _tensor_info(r: _Reader, i: int) -> tuple[bytes, int, int, int, tuple[int, ...]]:
     name = r.string(f"tensor {i} name", MAX_NAME - 1)
     label = name.decode("utf-8", "replace")
     n_dims = r.u32(f"tensor {label!r} dimension count")
@@ -337,7 +350,7 @@ def _tensor_info(r: _Reader, i: int) -> tuple[bytes, int, int]:
     if dims[0] % block:
         raise _Bad(f"tensor {label!r}: rows of {dims[0]} are not whole blocks of {block}")
     offset = r.u64(f"tensor {label!r} offset")
-    return name, n_elements // block * block_bytes, offset
+    return name, n_elements // block * block_bytes, offset, ttype, tuple(dims)
 
 
 def _check_vocab(meta: dict[str, Any]) -> int:

@@ -239,11 +239,15 @@ def choose_pair(
 ) -> tuple[str, str | None]:
     """The models a command loads: the target (default: the default pair's, or the chat
     pair's for chat) and the draft: the one given, else the manifest pair's draft for that
-    target, none for the draft-free modes, "self" (derived from the target) for self. Raises
-    InvalidRequestError when draft_mode "model" has no draft to use."""
+    target, none for the draft-free modes and head, "self" (derived from the target) for
+    self. Raises InvalidRequestError when draft_mode "model" has no draft to use."""
     default_target, default_draft = default_pair(chat)
     target = target or default_target
     if draft_mode in ("ngram", "none"):
+        return target, None
+    if draft_mode == "head":
+        if draft:
+            raise InvalidRequestError("--draft-mode head drafts with the target's head: no --draft")
         return target, None
     if draft_mode == "self":
         if draft and draft != SELF:

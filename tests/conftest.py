@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# A draft head this machine trained (edge-spec head train) would change what auto drafts with:
+# the tests see only the heads they train themselves.
+os.environ["EDGE_SPEC_HEADS"] = tempfile.mkdtemp(prefix="edge_spec_heads_")
 
 # Chat-style and completion-style prompts; several reuse their input so n-gram drafts get used.
 PROMPTS = [

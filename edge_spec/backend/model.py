@@ -69,6 +69,7 @@ class LlamaModel:
         n_batch: int = 512,
         n_threads: int | None = None,
         n_gpu_layers: int = -1,
+        hidden_states: bool = False,
     ) -> None:
         self.path = Path(path)
         file_size = validate_gguf(self.path).file_size_bytes
@@ -104,6 +105,9 @@ class LlamaModel:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        if hidden_states:
+            # Per-token final hidden states beside the logits (switched on per decode, below).
+            cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
@@ -119,6 +123,13 @@ class LlamaModel:
         self._tree: _Tree | None = None  # a decoded tree awaiting keep_tree()
         self.n_threads = threads
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(model))
+        # Whether decodes that output every row also return the hidden states (hidden()): with
+        # embeddings on llama.cpp outputs every row of a batch, so a prefill asking for a few
+        # rows keeps them off.
+        self.hidden_states = hidden_states
+        self._embeddings_on = False
+        self._hidden_rows = 0  # rows of hidden states the last decode left (0: none)
         # llama.cpp may pad the context up; the limit the caller asked for is the one we keep.
         self.n_ctx = min(n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
         self.tokens: list[int] = []
@@ -292,9 +303,11 @@ class LlamaModel:
             pos[i] = pos0 + i
             logits[i] = i in want
         batch.n_tokens = n
+        self._set_embeddings(self.hidden_states and len(want) == n)
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, batch)
         self.decode_s += time.perf_counter() - t0
+        self._hidden_rows = n if rc == 0 and self._embeddings_on else 0
         if rc != 0:
             # Leave the cache consistent with self.tokens before reporting.
             llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
@@ -302,6 +315,22 @@ class LlamaModel:
                 raise ContextOverflowError(f"no KV slot for {n} tokens at position {pos0}")
             raise EdgeSpecError(f"llama_decode failed with code {rc}")
         self.tokens.extend(chunk)
+
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings_on:
+            llama_cpp.llama_set_embeddings(self._ctx, on)
+            self._embeddings_on = on
+
+    def hidden(self, row: int) -> np.ndarray:
+        """The final hidden state (after the output norm) of a row of the last decode, a copy
+        of n_embd floats. Requires hidden_states=True and a last decode (or tree) that output
+        every row of its batch -- the engine's target passes do."""
+        if not 0 <= row < self._hidden_rows:
+            raise InvalidRequestError(
+                f"no hidden state for row {row}: the last decode left {self._hidden_rows}"
+            )
+        pointer = llama_cpp.llama_get_embeddings_ith(self._ctx, row)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).copy()
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached position >= n_keep (exact rollback: re-decoding gives the same
@@ -358,9 +387,11 @@ class LlamaModel:
             for j, seq in enumerate(tree.seqs[i]):
                 batch.seq_id[i][j] = seq
         batch.n_tokens = n
+        self._set_embeddings(self.hidden_states)
         t0 = time.perf_counter()
         try:
             rc = llama_cpp.llama_decode(self._ctx, batch)
+            self._hidden_rows = n if rc == 0 and self._embeddings_on else 0
         finally:
             self.decode_s += time.perf_counter() - t0
             for i in range(n):

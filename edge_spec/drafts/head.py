@@ -1,0 +1,142 @@
+"""A draft head on the target's own hidden states, run by ONNX Runtime.
+
+The engine hands the head the target's final hidden state of the row that chose the newest
+token (observe()); the head reads it with that token's embedding and proposes the next token,
+then chains on its own predicted hidden state for k > 1 (EAGLE's scheme). Its distribution is
+over a reduced vocabulary mapped back to target ids; outside it p_draft is zero. At T = 0 it
+proposes its argmax; at T > 0 it draws with the request's keys for that position from its
+distribution over the full vocabulary, so that it agrees with the target's own keyed draw as
+often as the two distributions allow. Verification is the target's own, so the output is the
+target's whatever the head proposes.
+
+The head drafts only from a hidden state of this context: the first step of a request (the
+prompt's last token has no hidden state yet: prefill computes none) proposes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelFileError
+from ..heads import GRAPH_NAME, TargetEmbeddings, load_info
+from ..keys import SampleKeys
+from ..sampling import SamplingParams
+from .base import NO_DRAFT, Draft, KeepDrafting
+
+log = logging.getLogger(__name__)
+
+# Execution providers in order of preference, where this onnxruntime build has them.
+PREFERRED_PROVIDERS = (
+    "CUDAExecutionProvider",
+    "CoreMLExecutionProvider",
+    "DmlExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "QNNExecutionProvider",
+    "CPUExecutionProvider",
+)
+
+
+class HeadDraft:
+    name = "head"
+    vocabulary = "shared"
+    wants_hidden = True  # the engine asks the target for hidden states and calls observe()
+
+    def __init__(self, directory: Path, target_path: Path, n_target_vocab: int) -> None:
+        import onnxruntime as ort
+
+        self.info = load_info(directory)
+        self.embeddings = TargetEmbeddings(target_path)
+        if self.embeddings.n_embd != self.info.n_embd:
+            raise ModelFileError(
+                f"the head in {directory} reads {self.info.n_embd}-wide hidden states; "
+                f"the target's are {self.embeddings.n_embd}"
+            )
+        self.vocab_ids = np.asarray(self.info.vocab_ids, dtype=np.int64)
+        if self.vocab_ids.size == 0 or self.vocab_ids.max() >= n_target_vocab:
+            raise ModelFileError(f"the head in {directory} has token ids outside the target's")
+        self.n_target_vocab = n_target_vocab
+        options = ort.SessionOptions()
+        # One thread: the head is a few small matrix products, and llama.cpp holds the cores.
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        available = ort.get_available_providers()
+        providers = [p for p in PREFERRED_PROVIDERS if p in available]
+        try:
+            self.session = ort.InferenceSession(
+                str(directory / GRAPH_NAME), options, providers=providers
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelFileError(
+                f"onnxruntime cannot load {directory / GRAPH_NAME}: {exc}"
+            ) from exc
+        self.provider = self.session.get_providers()[0]
+        self.decode_s = 0.0  # seconds inside onnxruntime, ever (the engine's draft time)
+        self._hidden: np.ndarray | None = None
+        self._n_context = -1
+        self._full = np.full(n_target_vocab, -np.inf, dtype=np.float32)
+        # One head step's cost here, measured now (the cost policy's draft cost per token).
+        self.token_s = self.token_cost_s()
+        self.decode_s = 0.0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._hidden = None
+
+    def observe(self, n_context: int, hidden: np.ndarray) -> None:
+        """The target's hidden state of the row that chose the context's last token, the
+        context now being n_context tokens long."""
+        self._hidden = hidden
+        self._n_context = n_context
+
+    def run(self, hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+        """One head step: (logits over the reduced vocabulary, predicted next hidden state)."""
+        embed = self.embeddings.rows([token])
+        t0 = time.perf_counter()
+        logits, feature = self.session.run(None, {"hidden": hidden[None], "embed": embed})
+        self.decode_s += time.perf_counter() - t0
+        return logits[0], feature[0]
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        keys: SampleKeys,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Draft:
+        if k <= 0 or self._hidden is None or self._n_context != len(context):
+            return NO_DRAFT
+        hidden, token = self._hidden.astype(np.float32, copy=False), int(context[-1])
+        tokens: list[int] = []
+        confidences: list[float] = []
+        for i in range(k):
+            logits, hidden = self.run(hidden, token)
+            if params.greedy:
+                best = int(logits.argmax())
+                token = int(self.vocab_ids[best])
+                shifted = np.exp(logits - logits[best], dtype=np.float64)
+                confidence = float(1.0 / shifted.sum())
+            else:
+                full = self._full
+                full[self.vocab_ids] = logits
+                token, confidence = keys.draw(full, params, len(context) + i)
+                full[self.vocab_ids] = -np.inf
+            tokens.append(token)
+            confidences.append(confidence)
+            if i + 1 == k or (keep_drafting is not None and not keep_drafting(i, confidence)):
+                break
+        return Draft(tuple(tokens), tuple(confidences))
+
+    def token_cost_s(self, repeats: int = 64) -> float:
+        """Median seconds of one head step here (embedding row + onnxruntime), for profiles."""
+        hidden = np.zeros(self.info.n_embd, dtype=np.float32)
+        times = []
+        for i in range(repeats + 8):
+            t0 = time.perf_counter()
+            self.run(hidden, int(self.vocab_ids[i % len(self.vocab_ids)]))
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[8:]))

@@ -1,0 +1,1 @@
+"""Training a draft head on the target's own hidden states (edge-spec head train)."""
