@@ -319,7 +319,7 @@ class EdgeSpec:
             self._sources["model"] = model_source
         if self.head_dir is not None:
             try:
-                self._sources[HEAD] = HeadDraft(
+                self._sources[HEAD] = HeadDraft.load(
                     self.head_dir, self.target_path, self.target.n_vocab
                 )
             except Exception:

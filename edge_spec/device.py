@@ -41,6 +41,16 @@ BUSY_WARN_CORES = 0.25  # other processes' load while measuring above which we w
 
 
 @dataclass(frozen=True)
+class HeadCost:
+    """The target's draft head (edge-spec head train) on this host: one step in onnxruntime,
+    embedding row included, on the execution provider it ran on."""
+
+    directory: str
+    provider: str
+    token_s: float
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """What a target (and draft) cost on this host, as measured once and cached."""
 
@@ -54,6 +64,7 @@ class DeviceProfile:
     profile_s: float  # wall time the measurement took
     key: str
     schema: int = SCHEMA_VERSION
+    head: HeadCost | None = None  # the target's draft head, where one was trained
 
     def cost_curve(self) -> CostCurve:
         """The pair's costs for the k policies: the target's t(n), the draft's t(1) per draft
@@ -81,6 +92,7 @@ class DeviceProfile:
             fields["host"] = HostInfo(**data["host"])
             fields["target"] = _model_cost(data["target"])
             fields["draft"] = _model_cost(data["draft"]) if data["draft"] is not None else None
+            fields["head"] = HeadCost(**data["head"]) if data.get("head") else None
             return cls(**fields)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EdgeSpecError(f"invalid device profile: {exc}") from exc
@@ -307,7 +319,7 @@ def lookup_or_profile(
     cached = None if refresh else _usable(path, request.key, quick)
     if cached is not None:
         log.info("device profile: reusing %s", path)
-        return cached, path, True
+        return _with_head(cached, request.target_path, path), path, True
     directory.mkdir(parents=True, exist_ok=True)
     # Measure under the lock: a second process waits, then reuses, instead of measuring while
     # this one does (two measurements at once would each time the other's load).
@@ -315,7 +327,7 @@ def lookup_or_profile(
         cached = None if refresh else _usable(path, request.key, quick)
         if cached is not None:
             log.info("device profile: reusing %s (measured by another process)", path)
-            return cached, path, True
+            return _with_head(cached, request.target_path, path), path, True
         log.info(
             "device profile: measuring %s%s (%s mode)",
             request.target_path.name,
@@ -324,6 +336,7 @@ def lookup_or_profile(
         )
         profile = measure_profile(request, quick)
         save_profile(profile, path)
+    profile = _with_head(profile, request.target_path, path)
     log.info("device profile: measured in %.1f s, saved %s", profile.profile_s, path)
     if profile.other_cores_busy > BUSY_WARN_CORES:
         log.warning(
@@ -332,6 +345,25 @@ def lookup_or_profile(
             profile.other_cores_busy,
         )
     return profile, path, False
+
+
+def _with_head(profile: DeviceProfile, target_path: Path, path: Path) -> DeviceProfile:
+    """The profile with the target's draft head measured in it (a few milliseconds), when the
+    target has a head the profile does not hold yet; saved."""
+    from .heads import find_head
+
+    directory = find_head(target_path)
+    if directory is None or (profile.head and profile.head.directory == str(directory)):
+        return profile
+    from .drafts.head import HeadDraft
+    from .gguf_validate import validate_gguf
+
+    head = HeadDraft.load(directory, target_path, validate_gguf(target_path).n_vocab)
+    profile = dataclasses.replace(
+        profile, head=HeadCost(str(directory), head.provider, head.token_s)
+    )
+    save_profile(profile, path)
+    return profile
 
 
 def _usable(path: Path, key: str, quick: bool) -> DeviceProfile | None:
@@ -474,5 +506,11 @@ def format_profile(profile: DeviceProfile, path: Path, cached: bool) -> str:
     curve = profile.cost_curve()
     if profile.draft:
         lines.append(f"\nc = draft t(1) / target t(1) = {curve.c:.2f}")
+    if profile.head:
+        head = profile.head
+        lines.append(
+            f"draft head ({head.provider}): {head.token_s * 1e3:.3f} ms per token, "
+            f"c = {head.token_s / first.t(1):.3f}; {head.directory}"
+        )
     lines.append(f"n-gram lookup (1k-token context): {profile.ngram_s * 1e3:.3f} ms")
     return "\n".join(lines)

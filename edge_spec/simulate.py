@@ -672,7 +672,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "--draft-c",
         default="profile",
         help="the model draft's cost ratio c on every device: 'profile' (each profile's own, "
-        "the default), 'trace' (the one measured when the traces were recorded) or a number",
+        "the default; for draft-head traces the recorded one), 'trace' (the one measured when "
+        "the traces were recorded) or a number",
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     return sim
@@ -695,8 +696,15 @@ def run_simulate(args: argparse.Namespace) -> int:
             sets[0].meta,
             tuple(p for s in sets for p in s.prompts),
         )
-        if args.draft_c != "profile":
-            c = float(traces.meta["measured"]["c"] if args.draft_c == "trace" else args.draft_c)
+        draft_c = args.draft_c
+        if draft_c == "profile" and traces.draft == "head":
+            # A draft head has no per-device profile: its cost ratio measured when the traces
+            # were recorded stands for every device (its weights are a few per cent of the
+            # target's, so its cost scales with the target's wherever the pass is bound by
+            # memory traffic).
+            draft_c = "trace"
+        if draft_c != "profile":
+            c = float(traces.meta["measured"]["c"] if draft_c == "trace" else draft_c)
             if not 0 <= c < 100:
                 raise ValueError(f"--draft-c must be in [0, 100), got {c}")
             profiles = [replace(p, c=c) for p in profiles]

@@ -22,6 +22,11 @@ same), so recording costs a few draft decodes per position instead of K_MAX.
     .venv/bin/python scripts/record_traces.py --n-tokens 64 --prompts 4 --out /tmp/t.json
     .venv/bin/python scripts/record_traces.py --refresh-ngram bench/traces/X.json  # n-gram only
     .venv/bin/python scripts/record_traces.py --agentic              # the agentic sessions
+    .venv/bin/python scripts/record_traces.py --target smollm2-135m-f16 --draft head
+
+--draft head records the draft head `edge-spec head train` made for the target in place of a
+draft model (its greedy chain from the target's hidden states, as the engine runs it: nothing
+at the first position, where the engine has no hidden state yet); c is the head's own cost.
 
 --agentic records every turn of the agentic bench's sessions (edge_spec/bench/agentic.json)
 on the chat pair: each turn's request is the chat template over the system message, the
@@ -36,6 +41,7 @@ are kept; its tokenizer gives the prompts' ids), e.g. after the lookup learned s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
@@ -133,12 +139,22 @@ def record_prompt(
     prompt: list[int] | None = None,
 ) -> tuple[dict, list[float], list[float]]:
     """prompt: the text's token ids when they are not target.tokenize(text) (a chat request
-    with its special tokens)."""
+    with its special tokens). draft: a LlamaModel, or a HeadDraft."""
     prompt = prompt if prompt is not None else target.tokenize(text)
     tokens, target_times = target_greedy(target, prompt, n_tokens)
     n = len(tokens)
     context = prompt + tokens
     n_prompt = len(prompt)
+    if not isinstance(draft, LlamaModel):  # a draft head
+        record = {
+            "category": category,
+            "prompt": text,
+            "n_prompt": n_prompt,
+            "tokens": tokens,
+            "model": head_fields(target, draft, prompt, tokens),
+            "ngram": ngram_fields(prompt, tokens),
+        }
+        return record, target_times, [draft.token_s]
 
     model_agree: list[int] = []
     model_conf: list[list[float]] = []
@@ -193,6 +209,26 @@ def record_prompt(
         "ngram": ngram_fields(prompt, tokens),
     }
     return record, target_times, draft_times
+
+
+def head_fields(target: LlamaModel, head, prompt: list[int], tokens: list[int]) -> dict:
+    """The head's greedy chain at every position, from the hidden state of the row that chose
+    the context's last token (the target re-decodes the continuation one token at a time)."""
+    context = prompt + tokens
+    greedy, keys = SamplingParams(), SampleKeys(0)
+    fields: dict[str, list] = {"agree": [], "confidence": []}
+    target.sync(prompt[:-1])
+    head.begin(prompt)
+    for pos in range(len(tokens)):
+        ctx_len = len(prompt) + pos
+        target.decode([context[ctx_len - 1]], [0])
+        want = min(K_MAX, len(tokens) - pos)
+        proposal = head.propose(context[:ctx_len], want, greedy, keys, _always)
+        fields["agree"].append(common_prefix(proposal.tokens, tokens[pos:]))
+        conf = [round(c, 4) for c in proposal.confidences]
+        fields["confidence"].append(conf + [0.0] * (want - len(conf)))
+        head.observe(ctx_len + 1, target.hidden(0))  # for the next position
+    return fields
 
 
 def translated_fields(
@@ -364,14 +400,25 @@ def main() -> None:
 
     started = time.perf_counter()
     target_path = resolve(opts.target, progress=False)
-    draft_path = resolve(opts.draft, progress=False)
     records = []
     target_times: list[float] = []
     draft_times: list[float] = []
-    with (
-        LlamaModel(target_path, n_ctx=512, n_threads=opts.threads) as target,
-        LlamaModel(draft_path, n_ctx=512, n_threads=opts.threads) as draft,
-    ):
+    with contextlib.ExitStack() as stack:
+        head = opts.draft == "head"
+        target = stack.enter_context(
+            LlamaModel(target_path, n_ctx=512, n_threads=opts.threads, hidden_states=head)
+        )
+        if head:
+            from edge_spec.drafts.head import HeadDraft
+            from edge_spec.heads import find_head
+
+            directory = find_head(target_path)
+            if directory is None:
+                raise SystemExit(f"no draft head for {opts.target}: edge-spec head train first")
+            draft = HeadDraft.load(directory, target_path, target.n_vocab)
+        else:
+            draft_path = resolve(opts.draft, progress=False)
+            draft = stack.enter_context(LlamaModel(draft_path, n_ctx=512, n_threads=opts.threads))
         for i, (category, text) in enumerate(PROMPTS[: opts.prompts]):
             record, tt, dt = record_prompt(target, draft, category, text, opts.n_tokens)
             record["id"] = f"{category}-{i}"

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from edge_spec.drafts.head import HeadDraft
 from edge_spec.sampling import SamplingParams, argmax, probs_from_logits
 
 N_VOCAB = 5
@@ -121,6 +122,10 @@ class FakeLlama:
         self.tokens: list[int] = []
         self.n_decoded = 0  # tokens ever decoded: shows the KV cache is reused, not recomputed
         self.decode_s = 0.0  # the engine reads it as LlamaModel's time inside llama_decode
+        # A "hidden state" per row of the last decode: the whole context through that row, so
+        # a fake head (make_head) can compute from it what a real head learns to approximate.
+        self.hidden_states = True
+        self._contexts: list[list[int]] = []
 
     @property
     def n_past(self) -> int:
@@ -129,9 +134,14 @@ class FakeLlama:
     def decode(self, tokens: Sequence[int], logit_rows: Sequence[int] = ()) -> np.ndarray:
         assert self.n_past + len(tokens) <= self.n_ctx, "engine overran the context"
         rows = [self.model.logits(self.tokens + list(tokens[: r + 1])) for r in logit_rows]
+        self._contexts = [self.tokens + [int(t) for t in tokens[: r + 1]] for r in logit_rows]
         self.tokens.extend(int(t) for t in tokens)
         self.n_decoded += len(tokens)
         return np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def hidden(self, row: int) -> np.ndarray:
+        """Row `row` of the last decode's "hidden states": its context, as floats."""
+        return np.array(self._contexts[row], dtype=np.float64)
 
     def truncate(self, n_keep: int) -> None:
         assert 0 <= n_keep <= self.n_past
@@ -148,6 +158,7 @@ class FakeLlama:
         assert self.n_past + max(map(len, branches)) <= self.n_ctx, "engine overran the context"
         self.n_decoded += len(tokens)
         self._tree = branches
+        self._contexts = [self.tokens + branch for branch in branches]
         return np.stack([self.model.logits(self.tokens + branch) for branch in branches])
 
     def keep_tree(self, path: Sequence[int]) -> None:
@@ -174,6 +185,19 @@ def make_target(n_vocab: int = N_VOCAB) -> FakeModel:
 def make_draft(target: FakeModel) -> FakeModel:
     """A fake draft that is correlated with target but deliberately different."""
     return FakeModel(seed=5678, n_vocab=target.n_vocab, base=target, base_weight=0.6)
+
+
+def make_head(draft: FakeModel, reduced: Sequence[int] = (0, 1, 2, 3)) -> HeadDraft:
+    """The real HeadDraft with a scripted step: from a FakeLlama "hidden state" (the context)
+    and the newest token, the fake draft's logits over a reduced vocabulary (p_draft is zero
+    for the tokens left out), and the extended context as the predicted next hidden state."""
+
+    def step(hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+        context = [int(x) for x in hidden] + [int(token)]
+        logits = draft.logits(context)[list(reduced)]
+        return logits, np.array(context, dtype=np.float64)
+
+    return HeadDraft(step, reduced, draft.n_vocab)
 
 
 def _read_only(values: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_model import N_VOCAB, FakeLlama, make_draft, make_target, tv_bound
+from fake_model import N_VOCAB, FakeLlama, make_draft, make_head, make_target, tv_bound
 
 from edge_spec.drafts import ModelDraft, NgramDraft, NoDraft
 from edge_spec.engine import Prefill, Step, run_steps
@@ -46,11 +46,16 @@ def greedy_reference(prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 4, 7])
-@pytest.mark.parametrize("mode", ["model", "ngram", "none"])
+@pytest.mark.parametrize("mode", ["model", "ngram", "none", "head"])
 def test_greedy_equals_target_alone_exactly(k: int, mode: str) -> None:
     target = FakeLlama(make_target())
     draft_llama = FakeLlama(make_draft(target.model))
-    source = {"model": ModelDraft(draft_llama), "ngram": NgramDraft(), "none": NoDraft()}[mode]
+    source = {
+        "model": ModelDraft(draft_llama),
+        "ngram": NgramDraft(),
+        "none": NoDraft(),
+        "head": make_head(draft_llama.model),
+    }[mode]
     for prompt in (PREFIX, [4, 0, 4, 0, 4, 0, 4], [2]):
         got = generate(source, target, prompt, k, 40, SamplingParams())
         assert got == greedy_reference(prompt, 40)
@@ -147,16 +152,21 @@ N_RUNS = 50_000
         ("model", SamplingParams(temperature=0.7, top_k=4, top_p=0.9, seed=12)),
         ("ngram", SamplingParams(temperature=0.8, seed=13)),
         ("tree", SamplingParams(temperature=0.8, seed=14)),
+        ("head", SamplingParams(temperature=0.9, seed=15)),
+        ("head", SamplingParams(temperature=0.7, top_k=3, seed=16)),
     ],
 )
 def test_sampled_output_follows_the_target_through_the_engine(mode: str, params) -> None:
     """The first two tokens of N_RUNS generations through run_steps, against the exact target
     joint distribution; the bound is derived in fake_model.tv_bound. "tree": n-gram drafts
-    verified as token trees."""
+    verified as token trees; "head": a draft head over a reduced vocabulary (p_draft zero for
+    one token) on the target's hidden states."""
     target_model = make_target()
     target = FakeLlama(target_model)
     draft_llama = FakeLlama(make_draft(target_model))
     source = ModelDraft(draft_llama) if mode == "model" else NgramDraft(max_ngram=2)
+    if mode == "head":  # drafts from the second step on (the prompt has no hidden state)
+        source = make_head(draft_llama.model)
     prompt = [1, 2, 1, 2, 1]  # repetitive, so the n-gram source does propose
     if mode == "tree":
         prompt = [1, 2, 3, 0, 1, 2, 4, 0, 1, 2]  # (1, 2) went on two ways: a tree

@@ -58,9 +58,9 @@ COMPLETION_STOPS = ("\nQuestion:", "\n\nProblem:", "\nUser:", "\n```\n", "\n\nTe
 
 def parse_strategy(spec: str) -> Strategy:
     """'target'; 'none' (the target alone again: the noise floor); a draft mode alone ('auto',
-    'model', 'ngram': the cost policy, as the API and the CLI run them by default); or a mode
-    with a policy: 'model-k3', 'ngram-k4' (fixed k), 'model-heuristic', 'ngram-cost' (the same
-    as 'ngram'); any of these with '-tN': token trees of up to N branch tokens ('ngram-k4-t4',
+    'model', 'ngram', 'head': the cost policy, as the API and the CLI run them by default); or
+    a mode with a policy: 'model-k3', 'ngram-k4' (fixed k), 'model-heuristic', 'ngram-cost'
+    (the same as 'ngram'); any of these with '-tN': token trees of up to N branch tokens ('ngram-k4-t4',
     'auto-t0': chains only)."""
     if spec == "target":
         return TARGET
@@ -73,7 +73,7 @@ def parse_strategy(spec: str) -> Strategy:
     else:
         spec_core = spec
     mode, _, how = spec_core.partition("-")
-    if mode not in ("model", "ngram", "auto"):
+    if mode not in ("model", "ngram", "auto", "head"):
         raise ValueError(f"unknown strategy {spec!r}")
     if not how:
         return Strategy(spec, mode, "cost", tree_nodes=tree_nodes)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelFileError
-from ..heads import GRAPH_NAME, TargetEmbeddings, load_info
+from ..heads import GRAPH_NAME, HeadInfo, TargetEmbeddings, load_info
 from ..keys import SampleKeys
 from ..sampling import SamplingParams
 from .base import NO_DRAFT, Draft, KeepDrafting
@@ -41,25 +41,47 @@ PREFERRED_PROVIDERS = (
 )
 
 
+# One head step: (hidden state, newest token) -> (logits over the reduced vocabulary, the
+# predicted next hidden state).
+HeadStep = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
 class HeadDraft:
     name = "head"
     vocabulary = "shared"
     wants_hidden = True  # the engine asks the target for hidden states and calls observe()
 
-    def __init__(self, directory: Path, target_path: Path, n_target_vocab: int) -> None:
+    def __init__(
+        self, step: HeadStep, vocab_ids: Sequence[int], n_target_vocab: int, provider: str = ""
+    ) -> None:
+        self._step = step
+        self.vocab_ids = np.asarray(vocab_ids, dtype=np.int64)
+        if self.vocab_ids.size == 0 or self.vocab_ids.min() < 0:
+            raise ModelFileError("a draft head needs a non-empty reduced vocabulary")
+        if self.vocab_ids.max() >= n_target_vocab:
+            raise ModelFileError("the draft head has token ids outside the target's vocabulary")
+        self.n_target_vocab = n_target_vocab
+        self.provider = provider  # the onnxruntime execution provider it runs on
+        self.decode_s = 0.0  # seconds inside the head, ever (the engine's draft time)
+        self._hidden: np.ndarray | None = None
+        self._n_context = -1
+        self._full = np.full(n_target_vocab, -np.inf, dtype=np.float32)
+        self.token_s = 0.0  # one head step's cost here (load() measures it)
+        self.info: HeadInfo | None = None  # how it was trained (a head loaded from the cache)
+
+    @classmethod
+    def load(cls, directory: Path, target_path: Path, n_target_vocab: int) -> HeadDraft:
+        """The head `edge-spec head train` stored in `directory`, run by onnxruntime on the
+        best execution provider present, with its cost per step measured now."""
         import onnxruntime as ort
 
-        self.info = load_info(directory)
-        self.embeddings = TargetEmbeddings(target_path)
-        if self.embeddings.n_embd != self.info.n_embd:
+        info = load_info(directory)
+        embeddings = TargetEmbeddings(target_path)
+        if embeddings.n_embd != info.n_embd:
             raise ModelFileError(
-                f"the head in {directory} reads {self.info.n_embd}-wide hidden states; "
-                f"the target's are {self.embeddings.n_embd}"
+                f"the head in {directory} reads {info.n_embd}-wide hidden states; "
+                f"the target's are {embeddings.n_embd}"
             )
-        self.vocab_ids = np.asarray(self.info.vocab_ids, dtype=np.int64)
-        if self.vocab_ids.size == 0 or self.vocab_ids.max() >= n_target_vocab:
-            raise ModelFileError(f"the head in {directory} has token ids outside the target's")
-        self.n_target_vocab = n_target_vocab
         options = ort.SessionOptions()
         # One thread: the head is a few small matrix products, and llama.cpp holds the cores.
         options.intra_op_num_threads = 1
@@ -67,21 +89,24 @@ class HeadDraft:
         available = ort.get_available_providers()
         providers = [p for p in PREFERRED_PROVIDERS if p in available]
         try:
-            self.session = ort.InferenceSession(
+            session = ort.InferenceSession(
                 str(directory / GRAPH_NAME), options, providers=providers
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelFileError(
                 f"onnxruntime cannot load {directory / GRAPH_NAME}: {exc}"
             ) from exc
-        self.provider = self.session.get_providers()[0]
-        self.decode_s = 0.0  # seconds inside onnxruntime, ever (the engine's draft time)
-        self._hidden: np.ndarray | None = None
-        self._n_context = -1
-        self._full = np.full(n_target_vocab, -np.inf, dtype=np.float32)
-        # One head step's cost here, measured now (the cost policy's draft cost per token).
-        self.token_s = self.token_cost_s()
-        self.decode_s = 0.0
+
+        def step(hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+            feeds = {"hidden": hidden[None], "embed": embeddings.rows([token])}
+            logits, feature = session.run(None, feeds)
+            return logits[0], feature[0]
+
+        head = cls(step, info.vocab_ids, n_target_vocab, session.get_providers()[0])
+        head.info = info
+        head.token_s = head.token_cost_s(info.n_embd)
+        head.decode_s = 0.0
+        return head
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._hidden = None
@@ -94,11 +119,10 @@ class HeadDraft:
 
     def run(self, hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
         """One head step: (logits over the reduced vocabulary, predicted next hidden state)."""
-        embed = self.embeddings.rows([token])
         t0 = time.perf_counter()
-        logits, feature = self.session.run(None, {"hidden": hidden[None], "embed": embed})
+        out = self._step(hidden, token)
         self.decode_s += time.perf_counter() - t0
-        return logits[0], feature[0]
+        return out
 
     def propose(
         self,
@@ -110,7 +134,7 @@ class HeadDraft:
     ) -> Draft:
         if k <= 0 or self._hidden is None or self._n_context != len(context):
             return NO_DRAFT
-        hidden, token = self._hidden.astype(np.float32, copy=False), int(context[-1])
+        hidden, token = self._hidden, int(context[-1])
         tokens: list[int] = []
         confidences: list[float] = []
         for i in range(k):
@@ -131,9 +155,9 @@ class HeadDraft:
                 break
         return Draft(tuple(tokens), tuple(confidences))
 
-    def token_cost_s(self, repeats: int = 64) -> float:
+    def token_cost_s(self, n_embd: int, repeats: int = 64) -> float:
         """Median seconds of one head step here (embedding row + onnxruntime), for profiles."""
-        hidden = np.zeros(self.info.n_embd, dtype=np.float32)
+        hidden = np.zeros(n_embd, dtype=np.float32)
         times = []
         for i in range(repeats + 8):
             t0 = time.perf_counter()

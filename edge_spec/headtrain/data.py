@@ -103,6 +103,7 @@ def collect(
     deadline: Callable[[int], float],
     on_rows: Callable[[int], None] = lambda n: None,
     n_threads: int | None = None,
+    eval_prompts: int = EVAL_PROMPTS,
 ) -> None:
     """Collect until the work directory holds max_rows training rows (besides the held-out
     evaluation set) or time.monotonic() passes deadline(training rows so far). Resumes from
@@ -110,7 +111,7 @@ def collect(
     work_dir.mkdir(parents=True, exist_ok=True)
     done, rows = _done(work_dir)
     on_rows(rows)
-    held = head_prompts(held_out=True)[:EVAL_PROMPTS]
+    held = head_prompts(held_out=True)[:eval_prompts]
     train = head_prompts(held_out=False)
     # Prompt indices: held-out ones first (-1 - i), then training ones (i).
     plan = [(-1 - i, p, 0.0) for i, p in enumerate(held)]

@@ -39,7 +39,7 @@ HIDDEN_PER_EMBD = 2  # H = 2 d
 MIN_TRAIN_SHARE = 0.2  # of the budget, at least, for training
 MEDUSA_SHARE = 0.1  # of the training time, for the baseline
 MAX_EPOCHS = 8
-RESERVE_S = 45.0  # evaluation and export at the end
+RESERVE_S = 15.0  # evaluation and export at the end
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ def train_head(
     max_rows: int = 2_000_000,
     seed: int = 0,
     n_threads: int | None = None,
+    eval_prompts: int = data_mod.EVAL_PROMPTS,
     progress: Callable[[str, int, int], None] = lambda stage, done, total: None,
 ) -> TrainReport:
     """Collect self-distillation data and train a head for this target within `minutes` (wall
@@ -93,6 +94,7 @@ def train_head(
         deadline=collect_deadline,
         on_rows=lambda n: progress("collect", n, max_rows),
         n_threads=n_threads,
+        eval_prompts=eval_prompts,
     )
     collect_s = time.monotonic() - t_start
     train_corpus, eval_corpus = data_mod.load(work)

@@ -112,18 +112,47 @@ def backward(
 def _softmax_grad(
     logits: np.ndarray, labels: np.ndarray, weight: float
 ) -> tuple[float, np.ndarray]:
-    """Mean cross-entropy over rows whose label is in the reduced vocabulary (label >= 0), and
-    its gradient scaled by weight / batch size."""
+    """Cross-entropy summed over rows whose label is in the reduced vocabulary (label >= 0),
+    over the batch size (rows outside count as nothing), and its gradient times weight."""
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
     probs = exp / exp.sum(axis=1, keepdims=True)
     valid = labels >= 0
     rows = np.nonzero(valid)[0]
-    loss = float(-np.log(probs[rows, labels[rows]] + 1e-12).mean()) if len(rows) else 0.0
+    loss = float(-np.log(probs[rows, labels[rows]] + 1e-12).sum()) / len(labels)
     grad = probs
     grad[rows, labels[rows]] -= 1.0
     grad[~valid] = 0.0
     return loss, grad * (weight / len(labels))
+
+
+def loss_and_grads(
+    p: Params,
+    h: np.ndarray,
+    embeds: list[np.ndarray],
+    labels: list[np.ndarray],
+    nexts: list[np.ndarray],
+    weights: tuple[float, ...],
+    reg_scale: float,
+) -> tuple[float, dict[str, np.ndarray]]:
+    """The unrolled loss -- per step j, weights[j] * (cross-entropy on labels[j] + REG_WEIGHT *
+    reg_scale * mean squared error of f against nexts[j]), each step reading the previous
+    step's f as its hidden state -- and its gradient for every parameter."""
+    grads = {k: np.zeros_like(v) for k, v in p.arrays().items()}
+    caches, dregs, loss = [], [], 0.0
+    for j, weight in enumerate(weights):
+        logits, f, cache = forward(p, h, embeds[j])
+        ce, dlogits = _softmax_grad(logits, labels[j], weight)
+        diff = f - nexts[j]
+        loss += weight * ce + REG_WEIGHT * weight * reg_scale * float((diff * diff).mean())
+        dregs.append(diff * (2.0 * REG_WEIGHT * weight * reg_scale / diff.size))
+        caches.append((cache, dlogits))
+        h = f
+    dh = np.zeros_like(h)
+    for j in reversed(range(len(weights))):
+        cache, dlogits = caches[j]
+        dh = backward(p, cache, dlogits, dregs[j] + dh, grads)
+    return loss, grads
 
 
 class Trainer:
@@ -234,22 +263,9 @@ def train_steps(
     last_save = time.monotonic()
     while trainer.step < trainer.total_steps and time.monotonic() < deadline:
         h, embeds, labels, nexts = batches.sample(BATCH)
-        grads = {k: np.zeros_like(v) for k, v in p.arrays().items()}
-        caches, loss = [], 0.0
-        dregs = []
-        for j, weight in enumerate(weights):
-            e = embeds[j] if token_input else np.zeros_like(embeds[j])
-            logits, f, cache = forward(p, h, e)
-            ce, dlogits = _softmax_grad(logits, labels[j], weight)
-            diff = f - nexts[j]
-            loss += weight * ce + REG_WEIGHT * weight * reg_scale * float((diff * diff).mean())
-            dregs.append(diff * (2.0 * REG_WEIGHT * weight * reg_scale / diff.size))
-            caches.append((cache, dlogits))
-            h = f
-        dh = np.zeros_like(h)
-        for j in reversed(range(len(weights))):
-            cache, dlogits = caches[j]
-            dh = backward(p, cache, dlogits, dregs[j] + dh, grads)
+        if not token_input:
+            embeds = [np.zeros_like(e) for e in embeds]
+        loss, grads = loss_and_grads(p, h, embeds, labels, nexts, weights, reg_scale)
         trainer.apply(grads)
         on_step(trainer.step, loss)
         if checkpoint is not None and time.monotonic() - last_save > CHECKPOINT_EVERY_S:
