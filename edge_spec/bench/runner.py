@@ -60,8 +60,8 @@ def parse_strategy(spec: str) -> Strategy:
     """'target'; 'none' (the target alone again: the noise floor); a draft mode alone ('auto',
     'model', 'ngram', 'head': the cost policy, as the API and the CLI run them by default); or
     a mode with a policy: 'model-k3', 'ngram-k4' (fixed k), 'model-heuristic', 'ngram-cost'
-    (the same as 'ngram'); any of these with '-tN': token trees of up to N branch tokens ('ngram-k4-t4',
-    'auto-t0': chains only)."""
+    (the same as 'ngram'); any of these with '-tN': token trees of up to N branch tokens
+    ('ngram-k4-t4', 'auto-t0': chains only)."""
     if spec == "target":
         return TARGET
     if spec == "none":
