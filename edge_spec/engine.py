@@ -97,7 +97,7 @@ def run_steps(
     for name, source in sources.items():
         # A draft model the policy does not expect to use is not prefilled: the time to
         # first token stays the target's own, and a later first draft catches up.
-        if name != "model" or policy.wants_model():
+        if not isinstance(source, ModelDraft) or policy.wants_model():
             source.begin(context)
     policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
     yield Prefill(len(prompt), cached, time.perf_counter() - t0)

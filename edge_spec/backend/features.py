@@ -34,7 +34,7 @@ class SequenceFeatures:
     tokens: np.ndarray  # int32 (n,)
     hidden: np.ndarray  # float16 (n, n_embd): final hidden state (after the output norm)
     top_ids: np.ndarray  # int32 (n, TOP): the most likely tokens after tokens[i], descending
-    top_probs: np.ndarray  # float16 (n, TOP): their probabilities (temperature 1)
+    top_logits: np.ndarray  # float16 (n, TOP): their logits
     n_prompt: int
 
 
@@ -44,7 +44,7 @@ class _Live:
     tokens: list[int]
     hidden: list[np.ndarray]
     top_ids: list[np.ndarray]
-    top_probs: list[np.ndarray]
+    top_logits: list[np.ndarray]
     n_prompt: int
     seen: set[tuple[int, ...]]
 
@@ -161,17 +161,18 @@ class FeatureCollector:
             np.asarray(seq.tokens, dtype=np.int32),
             np.stack(seq.hidden).astype(np.float16),
             np.stack(seq.top_ids).astype(np.int32),
-            np.stack(seq.top_probs).astype(np.float16),
+            np.stack(seq.top_logits).astype(np.float16),
             seq.n_prompt,
         )
 
     @staticmethod
     def _choose(seq: _Live, temperature: float, rng: np.random.Generator) -> int:
-        ids, probs = seq.top_ids[-1], seq.top_probs[-1]
+        ids, logits = seq.top_ids[-1], seq.top_logits[-1]
         if temperature <= 0.0:
             return int(ids[0])
-        # Sampling among the kept candidates at the given temperature (their tail is tiny).
-        weights = np.power(np.maximum(probs.astype(np.float64), 1e-12), 1.0 / temperature)
+        # Sampling among the kept candidates at the given temperature (the data's variety; the
+        # tail beyond them is left out).
+        weights = np.exp((logits.astype(np.float64) - float(logits[0])) / temperature)
         return int(rng.choice(ids, p=weights / weights.sum()))
 
     @staticmethod
@@ -212,12 +213,9 @@ class FeatureCollector:
         order = np.argsort(-top_logits, axis=1)
         top = np.take_along_axis(top, order, axis=1)
         top_logits = np.take_along_axis(top_logits, order, axis=1)
-        row_max = top_logits[:, :1]
-        log_z = np.log(np.exp(logits - row_max).sum(axis=1, dtype=np.float64))[:, None]
-        probs = np.exp(top_logits - row_max - log_z)
         for i, (s, _) in enumerate(entries):
             seq = live[s]
             assert seq is not None
             seq.hidden.append(hidden[i].copy())
             seq.top_ids.append(top[i])
-            seq.top_probs.append(probs[i])
+            seq.top_logits.append(top_logits[i])

@@ -43,7 +43,6 @@ class Corpus:
     tokens: np.ndarray  # int32 (n,)
     hidden: np.ndarray  # float16 (n, n_embd)
     top_ids: np.ndarray  # int32 (n, TOP)
-    top_probs: np.ndarray  # float16 (n, TOP)
     starts: np.ndarray  # int64 (n_seq + 1,)
     n_prompt: np.ndarray  # int32 (n_seq,)
     greedy: np.ndarray  # bool (n_seq,): answered greedily
@@ -180,7 +179,7 @@ def _write_shard(work_dir: Path, sequences: list[SequenceFeatures], *, greedy: b
                 tokens=np.concatenate([s.tokens for s in sequences]),
                 hidden=np.concatenate([s.hidden for s in sequences]),
                 top_ids=np.concatenate([s.top_ids for s in sequences]),
-                top_probs=np.concatenate([s.top_probs for s in sequences]),
+                top_logits=np.concatenate([s.top_logits for s in sequences]),
             )
 
 
@@ -198,7 +197,6 @@ def load(work_dir: Path) -> tuple[Corpus, Corpus]:
                     "tokens": arrays["tokens"][lo:hi],
                     "hidden": arrays["hidden"][lo:hi],
                     "top_ids": arrays["top_ids"][lo:hi],
-                    "top_probs": arrays["top_probs"][lo:hi],
                     "n_prompt": arrays["n_prompt"][s],
                     "greedy": arrays["greedy"][s],
                 }
@@ -214,7 +212,6 @@ def _corpus(seqs: list[dict[str, np.ndarray]]) -> Corpus:
         tokens=np.concatenate([s["tokens"] for s in seqs]),
         hidden=np.concatenate([s["hidden"] for s in seqs]),
         top_ids=np.concatenate([s["top_ids"] for s in seqs]),
-        top_probs=np.concatenate([s["top_probs"] for s in seqs]),
         starts=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         n_prompt=np.array([s["n_prompt"] for s in seqs], dtype=np.int32),
         greedy=np.array([bool(s["greedy"]) for s in seqs]),
