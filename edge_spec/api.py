@@ -440,7 +440,7 @@ class EdgeSpec:
             sources, policy = self._plan_for(mode, cfg)  # may profile the device: not timed
             self._ngram.select(cfg.session)
             t_start = time.perf_counter()
-            stats = StatsCollector()
+            stats = StatsCollector({slot: source.name for slot, source in sources.items()})
             text = TextAssembler(cfg.stop)
             token_ids: list[int] = []
             new_ids: list[int] = []

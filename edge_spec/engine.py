@@ -94,7 +94,7 @@ def run_steps(
     t0 = time.perf_counter()
     cached = target.sync(context[:-1])
     model = sources.get("model")
-    for name, source in sources.items():
+    for source in sources.values():
         # A draft model the policy does not expect to use is not prefilled: the time to
         # first token stays the target's own, and a later first draft catches up.
         if not isinstance(source, ModelDraft) or policy.wants_model():

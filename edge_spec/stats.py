@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from .engine import Prefill, Step
@@ -71,7 +72,9 @@ class GenerationStats:
 class StatsCollector:
     """Accumulates Prefill and Step events for one request."""
 
-    def __init__(self) -> None:
+    def __init__(self, source_names: Mapping[str, str] | None = None) -> None:
+        # What each policy slot holds, as reported ("model" -> "head" when a head drafts there).
+        self._names = dict(source_names or {})
         self._t_start = time.perf_counter()
         self._first_token_s: float | None = None
         self.n_prompt_tokens = 0
@@ -101,7 +104,7 @@ class StatsCollector:
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
         self.decode_s += event.decode_s
-        source = event.source
+        source = self._names.get(event.source, event.source)
         self.steps_by_source[source] = self.steps_by_source.get(source, 0) + 1
         if event.n_drafted:
             self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + event.n_drafted
