@@ -18,8 +18,9 @@ PREFIX = [1, 2, 3]
 
 def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes=0):
     """run_steps with one draft source (plus "none") under a fixed-k policy (n-gram drafts
-    with up to tree_nodes branch tokens as a token tree)."""
-    sources = {source.name: source, "none": NoDraft()}
+    with up to tree_nodes branch tokens as a token tree). A head drafts in the policy's
+    learned-draft slot, "model", as the API puts it."""
+    sources = {("model" if source.name == "head" else source.name): source, "none": NoDraft()}
     policy = FixedK(k, tree_nodes=tree_nodes)
     k_max = k + tree_nodes
     return run_steps(
@@ -56,11 +57,18 @@ def test_greedy_equals_target_alone_exactly(k: int, mode: str) -> None:
         "none": NoDraft(),
         "head": make_head(draft_llama.model),
     }[mode]
+    n_accepted = 0
     for prompt in (PREFIX, [4, 0, 4, 0, 4, 0, 4], [2]):
-        got = generate(source, target, prompt, k, 40, SamplingParams())
+        got: list[int] = []
+        for event in steps(source, target, prompt, k, 40, SamplingParams()):
+            if isinstance(event, Step):
+                got.extend(event.tokens)
+                n_accepted += event.n_accepted
         assert got == greedy_reference(prompt, 40)
         # Invariant between requests: the target's KV holds context[:-1].
         assert target.tokens == (prompt + got)[:-1]
+    if mode in ("model", "head"):  # drafts were really verified (and some kept)
+        assert (n_accepted > 0) == (k > 0)
 
 
 def test_model_draft_reuses_its_cache() -> None:
