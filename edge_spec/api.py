@@ -16,7 +16,7 @@ from .chat import choose_template, render_chat
 from .drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
 from .drafts.head import HeadDraft
 from .engine import Prefill, Step, run_steps
-from .errors import InvalidRequestError, VocabMismatchError
+from .errors import EdgeSpecError, InvalidRequestError, VocabMismatchError
 from .heads import find_head
 from .modes import DRAFT_MODES, HEAD, SELF, DraftMode
 from .placement import plan_placement
@@ -63,7 +63,8 @@ class EngineConfig:
     # the server set it; a library user whose files come from elsewhere may.
     verify_in_child: bool = False
     # A draft head trained for the target (edge-spec head train) drafts in auto mode when one
-    # exists; False keeps auto to the draft model. draft_mode "head" needs one either way.
+    # exists; False keeps auto to the draft model (the CLI sets it when --draft is given).
+    # draft_mode "head" needs one either way.
     use_head: bool = True
 
     def __post_init__(self) -> None:
@@ -322,6 +323,13 @@ class EdgeSpec:
                 self._sources[HEAD] = HeadDraft.load(
                     self.head_dir, self.target_path, self.target.n_vocab
                 )
+            except EdgeSpecError as exc:
+                if mode == HEAD:
+                    self.close()
+                    raise
+                # auto drafts without it: a broken head must not break generation.
+                log.warning("the draft head in %s is not used: %s", self.head_dir, exc)
+                self.head_dir = None
             except Exception:
                 self.close()
                 raise

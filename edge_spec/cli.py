@@ -219,6 +219,8 @@ def engine_config(args: argparse.Namespace) -> Any:
         mem_budget_bytes=parse_size(args.mem_budget) if args.mem_budget else None,
         chat_template=args.chat_template,
         verify_in_child=True,  # a model file llama.cpp aborts on ends in one line, exit 2
+        # A draft the user named drafts in auto, not the target's head.
+        use_head=getattr(args, "draft", None) is None,
     )
 
 

@@ -358,7 +358,11 @@ def _with_head(profile: DeviceProfile, target_path: Path, path: Path) -> DeviceP
     from .drafts.head import HeadDraft
     from .gguf_validate import validate_gguf
 
-    head = HeadDraft.load(directory, target_path, validate_gguf(target_path).n_vocab)
+    try:
+        head = HeadDraft.load(directory, target_path, validate_gguf(target_path).n_vocab)
+    except EdgeSpecError as exc:
+        log.warning("the draft head in %s is not profiled: %s", directory, exc)
+        return profile
     profile = dataclasses.replace(
         profile, head=HeadCost(str(directory), head.provider, head.token_s)
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelFileError
+from .errors import InvalidRequestError, ModelFileError
 from .gguf_validate import TensorLayout, validate_gguf
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class TargetEmbeddings:
 
         n_rows = int(layout.dims[1])
         if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
-            raise ValueError(f"token id out of range [0, {n_rows})")
+            raise InvalidRequestError(f"token id out of range [0, {n_rows})")
         row_bytes = layout.n_bytes // n_rows
         data = self._file[layout.offset : layout.offset + layout.n_bytes].reshape(n_rows, -1)
         raw = np.asarray(data[ids])

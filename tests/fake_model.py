@@ -197,7 +197,18 @@ def make_head(draft: FakeModel, reduced: Sequence[int] = (0, 1, 2, 3)) -> HeadDr
         logits = draft.logits(context)[list(reduced)]
         return logits, np.array(context, dtype=np.float64)
 
-    return HeadDraft(step, reduced, draft.n_vocab)
+    return _CheckedHead(step, reduced, draft.n_vocab)
+
+
+class _CheckedHead(HeadDraft):
+    """A HeadDraft that checks the engine's hand-over: the hidden state it was given (a fake
+    one: the context through that row) plus the newest token is exactly the context it is asked
+    to continue -- the row that chose the newest token, no other."""
+
+    def propose(self, context, k, params, keys, keep_drafting=None):  # type: ignore[override]
+        if self._hidden is not None and self._n_context == len(context):
+            assert [int(x) for x in self._hidden] + [int(context[-1])] == list(context)
+        return super().propose(context, k, params, keys, keep_drafting)
 
 
 def _read_only(values: np.ndarray) -> np.ndarray:

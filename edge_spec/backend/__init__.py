@@ -1,6 +1,7 @@
 """The only package that imports llama_cpp: llama.cpp's runtime (runtime.py), one model with
-its context and batched decoding (model.py), and llama-cpp-python's prompt lookup as a bench
-peer (peer.py)."""
+its context and batched decoding (model.py), llama-cpp-python's prompt lookup as a bench peer
+(peer.py), and many-sequence generation recording hidden states, a draft head's training data
+(features.py)."""
 
 from __future__ import annotations
 

@@ -62,6 +62,8 @@ class FeatureCollector:
     ) -> None:
         if not 1 <= n_parallel <= 64:
             raise InvalidRequestError(f"n_parallel must be 1-64, got {n_parallel}")
+        if n_ctx_seq < 32:
+            raise InvalidRequestError(f"n_ctx_seq must be at least 32, got {n_ctx_seq}")
         validate_gguf(path)
         _ensure_backend()
         self.n_parallel, self.n_ctx_seq = n_parallel, n_ctx_seq
@@ -126,7 +128,9 @@ class FeatureCollector:
         long for n_ctx_seq are cut from the left. Continuous batching: a sequence that ends
         frees its slot for the next prompt, so every batch stays full."""
         rng = np.random.default_rng(seed)
-        limit = self.n_ctx_seq - max_new_tokens
+        # A prompt must fit in its sequence's context with the answer, and in one batch beside
+        # the other slots' tokens.
+        limit = min(self.n_ctx_seq - max_new_tokens, self.n_batch - self.n_parallel)
         if limit < 8:
             raise InvalidRequestError("max_new_tokens leaves no room for the prompt")
         queue = [(i, list(p)[-limit:]) for i, p in prompts if len(p) > 0]
@@ -135,21 +139,28 @@ class FeatureCollector:
         slots: list[_Live | None] = [None] * self.n_parallel
         while not should_stop():
             entries: list[tuple[int, int]] = []
+            free: list[int] = []
             for s in range(self.n_parallel):
                 seq = slots[s]
-                if seq is not None:
-                    token = self._choose(seq, temperature, rng)
-                    n_new = len(seq.tokens) - seq.n_prompt
-                    if self._eog[token] or n_new >= max_new_tokens or self._looped(seq, token):
-                        yield self._finished(seq)
-                        llama_cpp.llama_memory_seq_rm(self._mem, s, -1, -1)
-                        slots[s] = seq = None
-                    else:
-                        entries.append((s, token))
-                if seq is None and queue and len(entries) + len(queue[-1][1]) <= self.n_batch:
-                    index, prompt = queue.pop()
-                    slots[s] = _Live(index, [], [], [], [], len(prompt), set())
-                    entries.extend((s, token) for token in prompt)
+                if seq is None:
+                    free.append(s)
+                    continue
+                token = self._choose(seq, temperature, rng)
+                n_new = len(seq.tokens) - seq.n_prompt
+                if self._eog[token] or n_new >= max_new_tokens or self._looped(seq, token):
+                    yield self._finished(seq)
+                    llama_cpp.llama_memory_seq_rm(self._mem, s, -1, -1)
+                    slots[s] = None
+                    free.append(s)
+                else:
+                    entries.append((s, token))
+            # Free slots take the next prompts while the batch has room for them whole.
+            for s in free:
+                if not queue or len(entries) + len(queue[-1][1]) > self.n_batch:
+                    break
+                index, prompt = queue.pop()
+                slots[s] = _Live(index, [], [], [], [], len(prompt), set())
+                entries.extend((s, token) for token in prompt)
             if not entries:
                 return
             self._step(slots, entries)
@@ -187,6 +198,8 @@ class FeatureCollector:
 
     def _step(self, live: list[_Live | None], entries: list[tuple[int, int]]) -> None:
         """Decode (sequence, token) entries in one batch; record every row."""
+        if not 0 < len(entries) <= self.n_batch:
+            raise InvalidRequestError(f"a collection batch of {len(entries)} tokens")
         batch = self._batch
         for i, (s, token) in enumerate(entries):
             batch.token[i] = token

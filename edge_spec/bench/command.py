@@ -100,7 +100,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     # --chat or --agentic without a target: the chat pair (the default pair's has no template).
     chat = args.chat or args.agentic
     target, draft = choose_pair(args.target, args.draft, chat=chat)
-    config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads)
+    config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads, use_head=args.draft is None)
     n_entries = len(strategies) + len(peer_names) + 1
     n_requests_total = n_requests(sessions) if args.agentic else len(prompts)
     n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries

@@ -4,6 +4,11 @@ A draft source has a lifecycle like llama.cpp's common/speculative: begin (a new
 prompt) -> propose (up to k tokens continuing the context, as often as the policy asks). What
 was accepted goes to the k policy (edge_spec.policy), not to the source: a model draft reads
 it off the context on its next proposal. Sources never touch the target model.
+
+A source that drafts from the target's hidden states (a draft head) says so with
+`wants_hidden = True` and an `observe(n_context, hidden)` method: after every target pass the
+engine hands it the final hidden state of the row that chose the newest token, the context
+then being n_context tokens long (the target is loaded with hidden states on for it).
 """
 
 from __future__ import annotations

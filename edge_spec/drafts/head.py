@@ -88,14 +88,23 @@ class HeadDraft:
         options.inter_op_num_threads = 1
         available = ort.get_available_providers()
         providers = [p for p in PREFERRED_PROVIDERS if p in available]
+        graph = directory / GRAPH_NAME
         try:
-            session = ort.InferenceSession(
-                str(directory / GRAPH_NAME), options, providers=providers
-            )
+            session = ort.InferenceSession(str(graph), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelFileError(f"onnxruntime cannot load {graph}: {exc}") from exc
+
+        inputs = [tuple(i.shape) for i in session.get_inputs()]
+        outputs = [tuple(o.shape) for o in session.get_outputs()]
+        want_in = [("N", info.n_embd)] * 2
+        want_out = [("N", len(info.vocab_ids)), ("N", info.n_embd)]
+        if [i[1:] for i in inputs] != [w[1:] for w in want_in] or [o[1:] for o in outputs] != [
+            w[1:] for w in want_out
+        ]:
             raise ModelFileError(
-                f"onnxruntime cannot load {directory / GRAPH_NAME}: {exc}"
-            ) from exc
+                f"{graph} takes {inputs} and gives {outputs}; head.json describes "
+                f"{want_in} -> {want_out}"
+            )
 
         def step(hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
             feeds = {"hidden": hidden[None], "embed": embeddings.rows([token])}

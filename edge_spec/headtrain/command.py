@@ -93,6 +93,8 @@ def run_head(args: argparse.Namespace) -> int:
         return 0
     eagle = report.eagle
     print(f"head for {target.name}: {report.head_dir}")
+    if not report.exported:
+        print("  (this run measured worse than the head already there, which was kept)")
     print(
         f"data: {report.n_train_rows} training rows in {report.collect_s:.0f} s; "
         f"trained {report.steps} steps in {report.train_s:.0f} s; total {report.total_s:.0f} s"

@@ -23,6 +23,7 @@ import numpy as np
 from ..backend import LlamaModel
 from ..backend.features import FeatureCollector, SequenceFeatures
 from ..chat import choose_template, render_chat
+from ..errors import InvalidRequestError
 from ..files import atomic_output
 from .prompts import HeadPrompt, head_prompts
 
@@ -119,7 +120,7 @@ def collect(
         for i, p in enumerate(train)
     ]
     todo = [(i, p, t) for i, p, t in plan if i not in done]
-    if not todo:
+    if not todo or time.monotonic() >= deadline(rows):
         return
     tokens = prompt_tokens(target_path, [p for _, p, _ in todo])
     n_rows = rows
@@ -206,7 +207,9 @@ def load(work_dir: Path) -> tuple[Corpus, Corpus]:
 
 def _corpus(seqs: list[dict[str, np.ndarray]]) -> Corpus:
     if not seqs:
-        raise ValueError("no collected sequences")
+        raise InvalidRequestError(
+            "no answers were collected within the budget: give more --minutes"
+        )
     lengths = [len(s["tokens"]) for s in seqs]
     return Corpus(
         tokens=np.concatenate([s["tokens"] for s in seqs]),

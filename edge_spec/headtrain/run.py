@@ -11,12 +11,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..heads import GRAPH_NAME, INFO_NAME, HeadInfo, TargetEmbeddings, head_dir
+from ..errors import EdgeSpecError, InvalidRequestError
+from ..files import atomic_output
+from ..heads import GRAPH_NAME, INFO_NAME, HeadInfo, TargetEmbeddings, head_dir, load_info
 from . import data as data_mod
 from .export import export_onnx
 from .train import (
@@ -54,6 +56,7 @@ class TrainReport:
     steps: int
     eagle: Acceptance
     medusa_first: float  # the Medusa-style baseline's top-1 at position 1
+    exported: bool = True  # False: the head already there measured better and was kept
 
 
 def train_head(
@@ -100,7 +103,9 @@ def train_head(
     train_corpus, eval_corpus = data_mod.load(work)
 
     embeddings = TargetEmbeddings(target_path)
-    vocab_ids, coverage = _reduced_vocab(work, train_corpus)
+    checkpoint = work / "checkpoint.npz"
+    resume = checkpoint.exists() and _unfinished(checkpoint)
+    vocab_ids, coverage = _reduced_vocab(work, train_corpus, resume)
     embed = _embedding_table(embeddings, train_corpus, eval_corpus)
     label_index = {int(t): i for i, t in enumerate(vocab_ids)}
     hidden = train_corpus.hidden[:: max(1, train_corpus.n_rows // 20000)].astype(np.float32)
@@ -111,6 +116,11 @@ def train_head(
     d = embeddings.n_embd
 
     train_batches = Batches(train_corpus, embed, label_index, DEPTH, seed)
+    if len(train_batches.rows) < BATCH:
+        raise InvalidRequestError(
+            f"{len(train_batches.rows)} training rows collected, at least {BATCH} needed: "
+            "give more --minutes or --tokens"
+        )
     eval_batches = Batches(eval_corpus, embed, label_index, EVAL_DEPTH, seed)
     t_train = time.monotonic()
     train_budget_s = max(deadline - t_train - RESERVE_S, 10.0)
@@ -129,11 +139,15 @@ def train_head(
         token_input=False,
     )
 
-    checkpoint = work / "checkpoint.npz"
-    trainer = Trainer.load(checkpoint) if checkpoint.exists() else None
-    if trainer is not None and trainer.step >= trainer.total_steps:
-        trainer = None  # a finished run: train again, on whatever data there is now
-    if trainer is None:
+    trainer = Trainer.load(checkpoint) if resume else None
+    if trainer is not None and (
+        trainer.step >= trainer.total_steps  # a finished run: train again, on the data now
+        or trainer.params.Wout.shape != (len(vocab_ids), d)
+    ):
+        trainer = None
+    if trainer is not None:
+        train_batches.rng = np.random.default_rng(seed + trainer.step)  # not the same batches
+    else:
         params = init_params(
             d, HIDDEN_PER_EMBD * d, embeddings.output_rows(vocab_ids), s_h, s_e, seed
         )
@@ -144,7 +158,7 @@ def train_head(
         train_steps(
             trainer, train_batches, weights=DEPTH_WEIGHTS, reg_scale=reg_scale, deadline=deadline
         )
-        per_step = (time.monotonic() - t0) / 3
+        per_step = max((time.monotonic() - t0) / max(trainer.step, 1), 1e-3)
         left = deadline - time.monotonic() - RESERVE_S
         trainer.total_steps = int(min(MAX_EPOCHS * epoch_steps, max(left / per_step, 10)))
     total = trainer.total_steps
@@ -186,9 +200,35 @@ def train_head(
         vocab_ids=tuple(int(i) for i in vocab_ids),
         trained=_summary(report, target_path),
     )
+    previous = _previous_first_position(out_dir)
+    if previous is not None and previous > eagle.conditional[0]:
+        log.warning(
+            "kept the head already in %s: its held-out acceptance at position 1 (%.3f) beats "
+            "this run's (%.3f)",
+            out_dir,
+            previous,
+            eagle.conditional[0],
+        )
+        return replace(report, exported=False)
     export_onnx(trainer.params, out_dir / GRAPH_NAME)
-    (out_dir / INFO_NAME).write_text(json.dumps(info.to_json()))
+    with atomic_output(out_dir / INFO_NAME) as tmp:
+        tmp.write_text(json.dumps(info.to_json()))
     return report
+
+
+def _unfinished(checkpoint: Path) -> bool:
+    with np.load(checkpoint) as data:
+        return int(data["step"]) < int(data["total_steps"])
+
+
+def _previous_first_position(out_dir: Path) -> float | None:
+    """The held-out position-1 acceptance of the head already exported there, if any."""
+    if not (out_dir / INFO_NAME).is_file():
+        return None
+    try:
+        return float(load_info(out_dir).trained["eagle"]["conditional"][0])
+    except (EdgeSpecError, KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 def _step_seconds(n_embd: int) -> float:
@@ -209,12 +249,13 @@ def _step_seconds(n_embd: int) -> float:
     return (time.perf_counter() - t0) / 2 * 3
 
 
-def _reduced_vocab(work: Path, corpus: data_mod.Corpus) -> tuple[np.ndarray, float]:
+def _reduced_vocab(work: Path, corpus: data_mod.Corpus, resume: bool) -> tuple[np.ndarray, float]:
     """The REDUCED_VOCAB most frequent greedy labels of the training rows (kept in the work
-    directory so that a resumed run trains the same rows), and the share of labels covered."""
+    directory so that a resumed run trains the same rows; chosen again on a fresh start), and
+    the share of labels covered."""
     path = work / "vocab.npy"
     labels = corpus.top_ids[:, 0]
-    if path.exists():
+    if resume and path.exists():
         vocab = np.load(path)
     else:
         ids, counts = np.unique(labels, return_counts=True)
