@@ -8,7 +8,7 @@ ones `edge-spec head train` evaluated on: topics the head never trained on, answ
 saw. Chat models get them through their chat template; base models continue the document
 opening.
 
-    .venv/bin/python scripts/measure_head.py --target smollm2-135m-f16 --prompts 24 \\
+    .venv/bin/python scripts/measure_head.py --target smollm2-135m-f16 --prompts 16 \\
         --out bench/results/issue16-head/smollm2.json
 """
 
@@ -30,7 +30,6 @@ from edge_spec.headtrain.prompts import head_prompts  # noqa: E402
 VARIANTS = [
     ("target", "none", None),
     ("head-k1", "head", 1),
-    ("head-k2", "head", 2),
     ("head", "head", None),
     ("auto", "auto", None),
 ]
@@ -39,7 +38,7 @@ VARIANTS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
-    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", type=Path)
