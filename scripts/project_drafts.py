@@ -6,6 +6,7 @@ acceptance measured here and each device's t(n), never a measurement on that dev
 
     .venv/bin/python scripts/project_drafts.py bench/traces/pairs bench/traces/*.json
     .venv/bin/python scripts/project_drafts.py bench/traces/pairs --draft-c trace
+    .venv/bin/python scripts/project_drafts.py bench/traces/heads   # draft heads: their own c
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def main() -> None:
     for path in files:
         traces = load_traces(path)
         profiles = [load_profile(n) for n in names]
-        if opts.draft_c != "profile":
+        # A draft head has no per-device profile: its recorded c stands (as in simulate).
+        draft_c = "trace" if opts.draft_c == "profile" and traces.draft == "head" else opts.draft_c
+        if draft_c != "profile":
             measured = traces.meta["measured"]["c"]
-            c = float(measured if opts.draft_c == "trace" else opts.draft_c)
+            c = float(measured if draft_c == "trace" else draft_c)
             profiles = [replace(p, c=c) for p in profiles]
         reports = simulate(traces, profiles, ["cost", "fixed-model"], k_max=8)
         cells = []
@@ -50,7 +53,7 @@ def main() -> None:
             alone = report.results["none"].tokens_per_s
             cost = report.results["cost"].tokens_per_s / alone
             cells.append(f"k={best.rsplit('-', 1)[1]} {fixed[best] / alone:.2f}x, cost {cost:.2f}x")
-        c_used = "profiles'" if opts.draft_c == "profile" else f"{profiles[0].c:.2f}"
+        c_used = "profiles'" if draft_c == "profile" else f"{profiles[0].c:.3f}"
         draft = Path(str(traces.draft)).name.removesuffix(".gguf")
         print(f"| {traces.target} | {draft} | {c_used} | " + " | ".join(cells) + " |")
 
