@@ -80,7 +80,12 @@ def find_head(target_path: Path) -> Path | None:
     """The directory of the head trained for this target file, or None."""
     from .device import file_sha256
 
-    directory = head_dir(file_sha256(Path(target_path)))
+    if not Path(target_path).is_file():
+        return None  # loading the target says what is wrong with the path
+    try:
+        directory = head_dir(file_sha256(Path(target_path)))
+    except OSError:
+        return None
     if (directory / GRAPH_NAME).is_file() and (directory / INFO_NAME).is_file():
         return directory
     return None
