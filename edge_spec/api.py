@@ -517,11 +517,8 @@ class EdgeSpec:
         # was trained for the target (it costs ~1 % of a step where a draft model costs a third
         # or more); the draft model otherwise.
         learned = HEAD if mode == HEAD or (mode == "auto" and HEAD in self._sources) else "model"
-        sources = {
-            name: self._sources[learned if name == "model" else name]
-            for name in names
-            if (learned if name == "model" else name) in self._sources
-        }
+        held = {name: learned if name == "model" else name for name in names}
+        sources = {name: self._sources[held[name]] for name in names if held[name] in self._sources}
         policy_name = cfg.policy_name if mode != "none" else "fixed"
         k = (DEFAULT_K if cfg.k is None else cfg.k) if mode != "none" else 0
         # Acceptance differs between greedy and sampled decoding: learn them apart.

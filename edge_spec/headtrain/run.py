@@ -30,6 +30,7 @@ from .train import (
     Batches,
     Trainer,
     evaluate,
+    forward,
     init_params,
     train_steps,
 )
@@ -70,8 +71,8 @@ def train_head(
     progress: Callable[[str, int, int], None] = lambda stage, done, total: None,
 ) -> TrainReport:
     """Collect self-distillation data and train a head for this target within `minutes` (wall
-    time from now, collection included); export it to the model cache. Raises ValueError when
-    the budget left no data to train on."""
+    time from now, collection included); export it to the model cache. Raises
+    InvalidRequestError when the budget left too little data to train on."""
     from ..device import file_sha256
 
     t_start = time.monotonic()
@@ -83,7 +84,8 @@ def train_head(
 
     # Collect while the time left would still train MAX_EPOCHS over what is collected (and
     # at least MIN_TRAIN_SHARE of the budget is left for training).
-    step_s = _step_seconds(TargetEmbeddings(target_path).n_embd)
+    embeddings = TargetEmbeddings(target_path)
+    step_s = _step_seconds(embeddings.n_embd)
 
     def collect_deadline(n_rows: int) -> float:
         train_s = MAX_EPOCHS * n_rows / BATCH * step_s / (1.0 - MEDUSA_SHARE)
@@ -102,7 +104,6 @@ def train_head(
     collect_s = time.monotonic() - t_start
     train_corpus, eval_corpus = data_mod.load(work)
 
-    embeddings = TargetEmbeddings(target_path)
     checkpoint = work / "checkpoint.npz"
     resume = checkpoint.exists() and _unfinished(checkpoint)
     vocab_ids, coverage = _reduced_vocab(work, train_corpus, resume)
@@ -127,9 +128,11 @@ def train_head(
     epoch_steps = max(len(train_batches.rows) // BATCH, 1)
 
     # The baseline: Medusa-style, h_t alone -> x_{t+2}, a small share of the time.
-    medusa = Trainer(init_params(d, d, embeddings.output_rows(vocab_ids), s_h, s_e, seed + 1), 1)
+    medusa = Trainer(
+        init_params(d, d, embeddings.output_rows(vocab_ids), s_h, s_e, seed + 1),
+        MAX_EPOCHS * epoch_steps,
+    )
     medusa_deadline = t_train + MEDUSA_SHARE * train_budget_s
-    medusa.total_steps = min(MAX_EPOCHS * epoch_steps, 10**9)
     train_steps(
         medusa,
         train_batches,
@@ -139,11 +142,9 @@ def train_head(
         token_input=False,
     )
 
+    # A finished run is not resumed (resume is False): it trains again, on the data now.
     trainer = Trainer.load(checkpoint) if resume else None
-    if trainer is not None and (
-        trainer.step >= trainer.total_steps  # a finished run: train again, on the data now
-        or trainer.params.Wout.shape != (len(vocab_ids), d)
-    ):
+    if trainer is not None and trainer.params.Wout.shape != (len(vocab_ids), d):
         trainer = None
     if trainer is not None:
         train_batches.rng = np.random.default_rng(seed + trainer.step)  # not the same batches
@@ -233,8 +234,6 @@ def _previous_first_position(out_dir: Path) -> float | None:
 
 def _step_seconds(n_embd: int) -> float:
     """One training step's time here, timed on random data of this width (a few steps)."""
-    from .train import forward
-
     rng = np.random.default_rng(0)
     d = n_embd
     params = init_params(
