@@ -526,9 +526,20 @@ class EdgeSpec:
         if key not in self._policies:
             costs = self.cost_curve(learned) if policy_name == "cost" else None
             self._policies[key] = make_policy(
-                policy_name, costs, k=k, k_max=max(k, cfg.k_max), tree_nodes=cfg.tree_nodes
+                policy_name,
+                costs,
+                k=k,
+                k_max=max(k, cfg.k_max),
+                tree_nodes=cfg.tree_nodes,
+                model_prior=self._head_prior() if learned == HEAD else None,
             )
         return sources, self._policies[key]
+
+    def _head_prior(self) -> float | None:
+        """The head's held-out first-position acceptance, measured when it was trained."""
+        head = self._sources[HEAD]
+        assert isinstance(head, HeadDraft)
+        return head.info.first_acceptance if head.info is not None else None
 
     def cost_curve(self, learned: str = "model") -> CostCurve:
         """This device's measured costs for the loaded pair: the cached profile, or a quick

@@ -54,9 +54,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-nodes",
         type=int,
         default=None,
-        help="token trees: the most branch tokens an n-gram draft may add where the session "
-        "went on several ways (default: up to 8 while they pay under the cost policy, none "
-        "under the others; 0: chains only)",
+        help="token trees: the most branch tokens a draft may add (an n-gram draft where the "
+        "session went on several ways, a draft head its runner-up candidates; default: up to "
+        "8 while they pay under the cost policy, none under the others; 0: chains only)",
     )
 
 

@@ -72,7 +72,8 @@ class CostModelK:
     token's weight, the share of occurrences that went that way, times a learned yield), and
     the tree with the best expected tokens per second is kept (see _tree). On a CPU, where an
     extra verified token costs a tenth to a half of a step, a branch rarely pays; on flat GPU
-    curves, more often.
+    curves, more often. A learned draft that offers runner-up candidates (a draft head) may
+    have some verified beside its chain as one-token branches the same way (alternates()).
 
     Evidence stays fresh three ways. When outcomes carry the produced tokens, every step
     scores the n-gram candidate against them, whichever source drafted (free evidence). A
@@ -122,6 +123,11 @@ class CostModelK:
         self.calibration = ConfidenceCalibration()
         self.tree_nodes = tree_nodes  # the most branch tokens one tree adds (0: chains only)
         self.branch_yield = RatioEstimate(prior=0.3)  # branch tokens accepted per unit weight
+        # A learned draft's runner-up candidates: accepted per unit of expected (their
+        # probability times the chance the chain reaches them).
+        self.alternate_yield = RatioEstimate(prior=0.8)
+        self._alternates_expected = 0.0
+        self._model_cap = 0  # the risk ledger's cap on the model plan's whole batch
         self._ngram_branches: tuple[int, ...] = ()  # the n-gram option's tree (per branch)
         self.probes = {s: _Probe(probe_min) for s in DRAFT_SOURCES}
         self._since_model_s = 0.0  # target time since the model last drafted (probe budget)
@@ -299,6 +305,7 @@ class CostModelK:
             # The cap: keep_drafting() decides where the draft really stops.
             self._k_plan = min(k_cap, self.k_max, caps["model"])
         self._alphas = self.model.alphas(self._k_plan) if source == "model" else []
+        self._model_cap = min(k_cap, self.k_max, caps["model"])
         return StepPlan(source, self._k_plan, tree) if self._k_plan > 0 else PLAIN
 
     def _probe(
@@ -354,6 +361,47 @@ class CostModelK:
                 return True
         return False
 
+    def alternates(
+        self,
+        confidences: Sequence[float],
+        alternates: Sequence[tuple[int, int, float]],
+        budget: int,
+        max_leaves: int = MAX_TREE_LEAVES,
+    ) -> tuple[int, ...]:
+        """The runner-ups worth verifying beside the chain. Each adds, in expected tokens, its
+        weight times the learned alternate yield times the chance the chain reaches it (the
+        calibrated acceptance of the chain tokens before it), and costs the verify curve's next
+        row; the heaviest are added while the step's expected tokens per second improve, within
+        the budget, tree_nodes, max_leaves - 1 and the risk ledger's cap on the batch."""
+        n = len(confidences)
+        room = min(budget, self.tree_nodes, max_leaves - 1, self._model_cap - n)
+        self._alternates_expected = 0.0
+        if room <= 0 or not alternates:
+            return ()
+        c = self.costs
+        reach = [1.0]  # reach[i]: P(the chain's tokens before i are all accepted)
+        for confidence in confidences:
+            reach.append(reach[-1] * self.calibration.p_accept(confidence))
+        value = self.alternate_yield.value
+        gains = sorted(
+            (
+                (reach[i] * value * weight, j)
+                for j, (i, _, weight) in enumerate(alternates)
+                if i < n
+            ),
+            reverse=True,
+        )[:room]
+        fixed = c.overhead_s + c.draft_s(n, 1)
+        expected = sum(reach)
+        best_m, best_rate = 0, expected / (fixed + c.t(n + 1))
+        for m, (gain, _) in enumerate(gains, start=1):
+            expected += gain
+            rate = expected / (fixed + c.t(n + 1 + m))
+            if rate > best_rate:
+                best_m, best_rate = m, rate
+        self._alternates_expected = sum(g for g, _ in gains[:best_m]) / value if best_m else 0.0
+        return tuple(j for _, j in gains[:best_m])
+
     def update(self, outcome: StepOutcome) -> None:
         self._keep_ledger(outcome)
         self.costs.observe(outcome, self.n_fresh)
@@ -361,12 +409,20 @@ class CostModelK:
         used = outcome.source if outcome.n_drafted > 0 else "none"
         observed: list[AcceptanceEstimate | RequestEstimate] = []
         if outcome.n_branch_nodes > 0:
-            self.branch_yield.observe(outcome.branch_weight, outcome.n_branch_accepted)
+            if outcome.source == "model":
+                expected = self._alternates_expected or outcome.branch_weight
+                self.alternate_yield.observe(expected, outcome.n_branch_accepted)
+            else:
+                self.branch_yield.observe(outcome.branch_weight, outcome.n_branch_accepted)
+        self._alternates_expected = 0.0
         if used == "model":
+            # The chain's own tokens (a token tree's alternates are scored above).
+            n_chain = outcome.n_drafted - outcome.n_branch_nodes
+            accepted = outcome.n_accepted - outcome.n_branch_accepted
             observed.append(self.model)
-            self.model.observe(outcome.n_drafted, outcome.n_accepted)
+            self.model.observe(n_chain, accepted)
             if outcome.confidences:
-                self.calibration.observe(outcome.confidences, outcome.n_accepted)
+                self.calibration.observe(outcome.confidences, accepted)
             self._since_model_s = 0.0
         else:
             self._since_model_s += outcome.draft_s + outcome.verify_s

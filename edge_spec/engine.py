@@ -18,7 +18,15 @@ from .backend import LlamaModel
 from .drafts import NO_DRAFT, Draft, DraftSource, ModelDraft, NgramDraft
 from .errors import ContextOverflowError, InvalidRequestError
 from .keys import SampleKeys
-from .policy import KPolicy, NgramCandidate, SourceName, StepOutcome, StepPlan, token_tree
+from .policy import (
+    KPolicy,
+    NgramCandidate,
+    SourceName,
+    StepOutcome,
+    StepPlan,
+    alternate_tree,
+    token_tree,
+)
 from .sampling import SamplingParams
 from .verify import Verdict, verify_greedy, verify_keyed, verify_tree
 
@@ -116,7 +124,15 @@ def run_steps(
         )
         plan = policy.plan(names, k_cap, candidate)
         draft, branch_weights = _propose(
-            plan, sources, candidate, context, sampling, keys, policy, target.max_tree_leaves
+            plan,
+            sources,
+            candidate,
+            context,
+            sampling,
+            keys,
+            policy,
+            target.max_tree_leaves if trees else 1,
+            k_cap,
         )
         t1 = time.perf_counter()
         verdict, hidden = _target_pass(target, draft, context, sampling, keys, bool(heads))
@@ -167,10 +183,12 @@ def _propose(
     keys: SampleKeys,
     policy: KPolicy,
     max_leaves: int,
+    plan_cap: int,
 ) -> tuple[Draft, tuple[float, ...]]:
     """The plan's draft -- nothing, the n-gram candidate's head (or a token tree of it and its
-    branches), or a model draft that the policy may stop early -- and its branch tokens'
-    weights."""
+    branches), or a learned draft that the policy may stop early (or verify with some of its
+    runner-up candidates as a token tree) -- and its branch tokens' weights. plan_cap: the most
+    tokens the step's batch may draft."""
     if plan.k == 0 or plan.source == "none":
         return NO_DRAFT, ()
     if plan.source == "ngram" and candidate is not None:
@@ -180,7 +198,14 @@ def _propose(
                 return Draft(tree.tokens, parents=tree.parents), tree.branch_weights
         return Draft(candidate.tokens[: plan.k]), ()
     draft = sources[plan.source].propose(context, plan.k, sampling, keys, policy.keep_drafting)
-    return draft, ()
+    if draft.alternates and policy.tree_nodes > 0 and max_leaves > 1:
+        # A learned draft's runner-ups, where the policy finds they pay: one-token branches.
+        budget = plan_cap - len(draft.tokens)
+        chosen = policy.alternates(draft.confidences, draft.alternates, budget, max_leaves)
+        tree = alternate_tree(draft.tokens, draft.alternates, chosen)
+        if tree.branch_weights:
+            return Draft(tree.tokens, draft.confidences, tree.parents), tree.branch_weights
+    return Draft(draft.tokens, draft.confidences), ()
 
 
 def _depth(draft: Draft) -> int:

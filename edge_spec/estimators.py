@@ -260,4 +260,5 @@ class OnlineCosts:
             self.overhead_s += w * (sample - self.overhead_s)
         elif outcome.source == "model" and outcome.n_drafted > 0:
             measured = outcome.draft_s - self.overhead_s
-            self._draft.observe(measured, self.profile.draft_s(outcome.n_drafted, n_fresh))
+            n_chain = outcome.n_drafted - outcome.n_branch_nodes  # what the draft decoded
+            self._draft.observe(measured, self.profile.draft_s(n_chain, n_fresh))

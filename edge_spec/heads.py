@@ -38,6 +38,16 @@ class HeadInfo:
     vocab_ids: tuple[int, ...]  # reduced vocabulary row -> target token id
     trained: dict[str, Any] = field(default_factory=dict)  # data, time, held-out acceptance
 
+    @property
+    def first_acceptance(self) -> float | None:
+        """The held-out acceptance of the head's first draft token, where training measured
+        it (a float in (0, 1)), else None."""
+        try:
+            value = float(self.trained["eagle"]["conditional"][0])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+        return value if 0.0 < value < 1.0 else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

@@ -155,6 +155,31 @@ def token_tree(
     return TokenTree(tuple(tokens), tuple(parents), tuple(weights))
 
 
+def alternate_tree(
+    tokens: Sequence[int], alternates: Sequence[tuple[int, int, float]], chosen: Sequence[int]
+) -> TokenTree:
+    """A draft chain with some of its runner-up candidates as one-token branches: alternate
+    (i, token, weight) hangs from chain token i - 1 (from the context's last token when i = 0),
+    beside tokens[i]. chosen: indices into alternates; one that does not fit the chain (i past
+    its end, or the chain's own token) is left out."""
+    out = list(tokens)
+    parents = list(range(-1, len(out) - 1))
+    weights: list[float] = []
+    for j in chosen:
+        i, token, weight = alternates[j]
+        if i < len(tokens) and token != tokens[i]:
+            out.append(token)
+            parents.append(i - 1)
+            weights.append(weight)
+    return TokenTree(tuple(out), tuple(parents), tuple(weights))
+
+
+def heaviest_alternates(alternates: Sequence[tuple[int, int, float]], n: int) -> tuple[int, ...]:
+    """The indices of the n alternates with the highest weights, heaviest first."""
+    order = sorted(range(len(alternates)), key=lambda j: -alternates[j][2])
+    return tuple(order[: max(n, 0)])
+
+
 def branch_lengths(
     candidate: NgramCandidate, k: int, n_nodes: int, max_leaves: int = MAX_TREE_LEAVES
 ) -> tuple[int, ...]:
@@ -218,8 +243,8 @@ def model_lag_after(n_fresh: int, outcome: StepOutcome) -> int:
 
 class KPolicy(Protocol):
     name: str
-    # The most branch tokens a plan may add to an n-gram draft (0: chains only): the engine
-    # asks the lookup for branches only then.
+    # The most branch tokens a plan may add to a draft (0: chains only): the engine asks the
+    # n-gram lookup for branches, and a learned draft's alternates, only then.
     tree_nodes: int
 
     def wants_model(self) -> bool:
@@ -240,6 +265,18 @@ class KPolicy(Protocol):
 
     def keep_drafting(self, i: int, confidence: float) -> bool:
         """After the model draft proposed token i (0-based) with this probability: draft i + 1?"""
+
+    def alternates(
+        self,
+        confidences: Sequence[float],
+        alternates: Sequence[tuple[int, int, float]],
+        budget: int,
+        max_leaves: int = MAX_TREE_LEAVES,
+    ) -> tuple[int, ...]:
+        """After a learned draft proposed a chain (its tokens' confidences) and offered
+        runner-up candidates (Draft.alternates): which to verify beside the chain as one-token
+        branches of a token tree (indices into alternates; empty: the chain alone), at most
+        `budget` of them and max_leaves - 1."""
 
     def update(self, outcome: StepOutcome) -> None:
         """What the step's plan produced."""
@@ -307,6 +344,16 @@ class FixedK:
     def keep_drafting(self, i: int, confidence: float) -> bool:
         return True
 
+    def alternates(
+        self,
+        confidences: Sequence[float],
+        alternates: Sequence[tuple[int, int, float]],
+        budget: int,
+        max_leaves: int = MAX_TREE_LEAVES,
+    ) -> tuple[int, ...]:
+        """The heaviest alternates, up to tree_nodes of them (none for chains only)."""
+        return heaviest_alternates(alternates, min(self.tree_nodes, budget, max_leaves - 1))
+
     def update(self, outcome: StepOutcome) -> None:
         pass
 
@@ -339,12 +386,18 @@ DEFAULT_TREE_NODES = 8  # the cost policy's cap on a token tree's branch tokens
 
 
 def make_policy(
-    name: str, costs: CostCurve | None, k: int, k_max: int, tree_nodes: int | None = None
+    name: str,
+    costs: CostCurve | None,
+    k: int,
+    k_max: int,
+    tree_nodes: int | None = None,
+    model_prior: float | None = None,
 ) -> KPolicy:
-    """ "fixed": always k tokens from the model draft (else the n-gram lookup), n-gram drafts
-    with up to tree_nodes branch tokens (default none); "heuristic": +2/-1 from k_start = k
-    (chains only); "cost": CostModelK on `costs` (required), branch tokens while they pay, at
-    most tree_nodes (default DEFAULT_TREE_NODES). Raises ValueError."""
+    """ "fixed": always k tokens from the model draft (else the n-gram lookup), drafts with up
+    to tree_nodes branch tokens (default none); "heuristic": +2/-1 from k_start = k (chains
+    only); "cost": CostModelK on `costs` (required), branch tokens while they pay, at most
+    tree_nodes (default DEFAULT_TREE_NODES), the learned draft's acceptance starting from
+    model_prior where one was measured (a head's held-out acceptance). Raises ValueError."""
     if name == "fixed":
         return FixedK(min(k, k_max), tree_nodes=tree_nodes or 0)
     if name == "heuristic":
@@ -355,5 +408,6 @@ def make_policy(
         from .cost_policy import CostModelK  # it builds on this module's types
 
         tree = DEFAULT_TREE_NODES if tree_nodes is None else tree_nodes
-        return CostModelK(costs, k_max=k_max, tree_nodes=tree)
+        prior = {"model": model_prior} if model_prior is not None else None
+        return CostModelK(costs, k_max=k_max, prior_alpha=prior, tree_nodes=tree)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

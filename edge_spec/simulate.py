@@ -13,7 +13,8 @@ so one recording answers every k: drafting k tokens at pos accepts min(k, agree[
      "measured": {"target_token_ms", "draft_token_ms", "c"}, "recorded", "llama_cpp_python",
      "prompts": [{"id", "category", "prompt", "n_prompt",
                   "tokens": [N target token ids],
-                  "model": {"agree": [N], "confidence": [N lists of min(16, N - pos)]},
+                  "model": {"agree": [N], "confidence": [N lists of min(16, N - pos)],
+                            "alternates": [N lists of [token, p]]},
                   "ngram": {"agree": [N], "proposal": [N lists], "proposal_len": [N],
                             "match_len": [N], "n_occurrences": [N], "n_agreeing": [N],
                             "branches": [N lists of [depth, [tokens], [weights]]]}}]}
@@ -23,6 +24,8 @@ policy keys its n-gram acceptance on) are absent from older traces: read as one 
 "branches" (the other ways the occurrences went on: a token tree's branches) may be absent too:
 then no tree is replayed. A tree step is replayed like the engine verifies it: the walk follows
 the recorded greedy tokens down the tree, and the step costs t(1 + all the tree's tokens).
+"alternates" (a draft head's runner-up at each chain position, absent from older traces) lets
+the policy verify some of them beside the chain as one-token branches, as the engine does.
 
 Only T = 0 is recorded. A T > 0 trace would need, per position, the acceptance probability
 min(1, p_target / p_draft) of each sampled draft token; that variant is not recorded yet.
@@ -61,6 +64,7 @@ from .policy import (
     SourceName,
     StepOutcome,
     TokenTree,
+    alternate_tree,
     model_lag_after,
     token_tree,
 )
@@ -91,6 +95,9 @@ class PromptTrace:
     ngram_occurrences: tuple[int, ...] = ()  # empty: not recorded (one occurrence each)
     ngram_agreeing: tuple[int, ...] = ()
     ngram_branches: tuple[tuple[Branch, ...], ...] = ()  # empty: not recorded (no trees)
+    # Per position, the learned draft's runner-up (token, probability) at each chain
+    # position: one-token branches of a token tree. Empty: not recorded (chains only).
+    model_alternates: tuple[tuple[tuple[int, float], ...], ...] = ()
 
     def ngram_candidate(self, pos: int, k_cap: int) -> NgramCandidate:
         """What the n-gram lookup proposed at pos, cut to k_cap tokens."""
@@ -161,6 +168,9 @@ def _load_trace_file(path: Path) -> TraceSet:
                 tuple(Branch(int(d), tuple(t), tuple(w)) for d, t, w in at)
                 for at in ngram.get("branches", ())
             ),
+            model_alternates=tuple(
+                tuple((int(t), float(w)) for t, w in at) for at in model.get("alternates", ())
+            ),
         )
         lengths = {
             len(trace.model_agree),
@@ -170,7 +180,12 @@ def _load_trace_file(path: Path) -> TraceSet:
             len(trace.ngram_match_len),
             *(
                 len(c)
-                for c in (trace.ngram_occurrences, trace.ngram_agreeing, trace.ngram_branches)
+                for c in (
+                    trace.ngram_occurrences,
+                    trace.ngram_agreeing,
+                    trace.ngram_branches,
+                    trace.model_alternates,
+                )
                 if c
             ),
         }
@@ -336,6 +351,18 @@ def replay(
             confidences = row[:drafted]
             accepted = min(drafted, trace.model_agree[pos])
             draft_s = costs.draft_s(drafted, n_fresh)
+            if trace.model_alternates and policy.tree_nodes > 0:
+                tree = _alternates_tree(trace, pos, confidences, policy, k_cap)
+                # The walk: the chain's first rejected position may hold the target's token
+                # as a branch (accepted, a leaf: the step ends there).
+                hit = pos + accepted < n and any(
+                    parent == accepted - 1 and token == trace.tokens[pos + accepted]
+                    for token, parent in zip(
+                        tree.tokens[tree.n_main :], tree.parents[tree.n_main :]
+                    )
+                )
+                branch_accepted = int(hit and accepted < drafted)
+                drafted, accepted = len(tree.tokens), accepted + branch_accepted
         elif plan.source == "ngram" and plan.k > 0:
             drafted = plan.k
             accepted = min(drafted, trace.ngram_agree[pos])
@@ -371,6 +398,19 @@ def replay(
         result.step(plan.source, drafted, accepted, draft_s + verify_s)
         pos += accepted + 1
     return result
+
+
+def _alternates_tree(
+    trace: PromptTrace, pos: int, confidences: Sequence[float], policy: KPolicy, k_cap: int
+) -> TokenTree:
+    """The model chain drafted at pos with the runner-ups the policy picks as branches. Only
+    the shape and branch tokens matter to the replay: chain tokens are placeholders (-1)."""
+    alternates = tuple(
+        (i, token, weight)
+        for i, (token, weight) in enumerate(trace.model_alternates[pos][: len(confidences)])
+    )
+    chosen = policy.alternates(confidences, alternates, k_cap - len(confidences))
+    return alternate_tree((-1,) * len(confidences), alternates, chosen)
 
 
 def _walk(tree: TokenTree, future: Sequence[int]) -> list[int]:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Project model drafts onto every bundled device profile from their recorded traces: per
 trace (one target/draft pair), the model draft's best fixed k and its speedup over the target
-alone, and the cost policy over all sources (model draft, n-gram, none). A projection from
+alone, and the cost policy over all sources (model draft, n-gram, none; with the number of
+token-tree steps and the same policy on chains alone where it verified trees). A projection from
 acceptance measured here and each device's t(n), never a measurement on that device.
 
     .venv/bin/python scripts/project_drafts.py bench/traces/pairs bench/traces/*.json
@@ -43,7 +44,7 @@ def main() -> None:
             measured = traces.meta["measured"]["c"]
             c = float(measured if draft_c == "trace" else draft_c)
             profiles = [replace(p, c=c) for p in profiles]
-        reports = simulate(traces, profiles, ["cost", "fixed-model"], k_max=8)
+        reports = simulate(traces, profiles, ["cost", "cost-chains", "fixed-model"], k_max=8)
         cells = []
         for report in reports:
             fixed = {
@@ -52,7 +53,11 @@ def main() -> None:
             best = max(fixed, key=fixed.__getitem__)
             alone = report.results["none"].tokens_per_s
             cost = report.results["cost"].tokens_per_s / alone
-            cells.append(f"k={best.rsplit('-', 1)[1]} {fixed[best] / alone:.2f}x, cost {cost:.2f}x")
+            cell = f"k={best.rsplit('-', 1)[1]} {fixed[best] / alone:.2f}x, cost {cost:.2f}x"
+            if report.results["cost"].n_tree_steps:  # what token trees add: chains alone
+                chains = report.results["cost-chains"].tokens_per_s / alone
+                cell += f" ({report.results['cost'].n_tree_steps} trees; chains {chains:.2f}x)"
+            cells.append(cell)
         c_used = "profiles'" if draft_c == "profile" else f"{profiles[0].c:.3f}"
         draft = Path(str(traces.draft)).name.removesuffix(".gguf")
         print(f"| {traces.target} | {draft} | {c_used} | " + " | ".join(cells) + " |")

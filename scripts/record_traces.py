@@ -216,7 +216,7 @@ def head_fields(target: LlamaModel, head, prompt: list[int], tokens: list[int]) 
     the context's last token (the target re-decodes the continuation one token at a time)."""
     context = prompt + tokens
     greedy, keys = SamplingParams(), SampleKeys(0)
-    fields: dict[str, list] = {"agree": [], "confidence": []}
+    fields: dict[str, list] = {"agree": [], "confidence": [], "alternates": []}
     target.sync(prompt[:-1])
     head.begin(prompt)
     for pos in range(len(tokens)):
@@ -227,6 +227,7 @@ def head_fields(target: LlamaModel, head, prompt: list[int], tokens: list[int]) 
         fields["agree"].append(common_prefix(proposal.tokens, tokens[pos:]))
         conf = [round(c, 4) for c in proposal.confidences]
         fields["confidence"].append(conf + [0.0] * (want - len(conf)))
+        fields["alternates"].append([[t, round(w, 4)] for _, t, w in proposal.alternates])
         head.observe(ctx_len + 1, target.hidden(0))  # for the next position
     return fields
 

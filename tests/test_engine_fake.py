@@ -162,6 +162,7 @@ N_RUNS = 50_000
         ("tree", SamplingParams(temperature=0.8, seed=14)),
         ("head", SamplingParams(temperature=0.9, seed=15)),
         ("head", SamplingParams(temperature=0.7, top_k=3, seed=16)),
+        ("head-tree", SamplingParams(temperature=0.8, seed=17)),
     ],
 )
 def test_sampled_output_follows_the_target_through_the_engine(mode: str, params) -> None:
@@ -173,12 +174,13 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
     target = FakeLlama(target_model)
     draft_llama = FakeLlama(make_draft(target_model))
     source = ModelDraft(draft_llama) if mode == "model" else NgramDraft(max_ngram=2)
-    if mode == "head":  # drafts from the second step on (the prompt has no hidden state)
+    if mode.startswith("head"):  # drafts from the second step on (no hidden state before)
         source = make_head(draft_llama.model)
     prompt = [1, 2, 1, 2, 1]  # repetitive, so the n-gram source does propose
     if mode == "tree":
         prompt = [1, 2, 3, 0, 1, 2, 4, 0, 1, 2]  # (1, 2) went on two ways: a tree
-    tree_nodes = 3 if mode == "tree" else 0
+    # "head-tree": the head's runner-ups verified beside its chain as one-token branches.
+    tree_nodes = {"tree": 3, "head-tree": 2}.get(mode, 0)
     rng_seeds = np.random.default_rng(params.seed).integers(0, 2**62, size=N_RUNS)
     cells = np.empty(N_RUNS, dtype=np.int64)
     n_drafted = n_trees = 0
@@ -200,7 +202,7 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
     )
     tv = 0.5 * float(np.abs(empirical - exact).sum())
     assert n_drafted > N_RUNS // 2  # speculation really happened
-    assert (n_trees > N_RUNS // 4) == (mode == "tree")
+    assert (n_trees > N_RUNS // 4) == (mode in ("tree", "head-tree"))
     assert tv < tv_bound(N_RUNS, N_VOCAB**2), tv
 
 
@@ -221,6 +223,28 @@ def test_token_trees_give_exactly_the_targets_own_output(params: SamplingParams)
                 got.extend(event.tokens)
                 n_trees += event.n_branch_nodes > 0
                 n_branch_wins += event.n_branch_accepted > 0
+        assert got == alone
+        assert target.tokens == (prompt + got)[:-1]
+    assert n_trees > 10 and n_branch_wins > 0
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=4)])
+def test_head_trees_of_runner_ups_give_exactly_the_targets_own_output(params) -> None:
+    """A draft head's chain with its runner-up candidates as one-token branches: the same
+    tokens as the target alone; branches were verified and some accepted, and the head kept
+    reading the hidden state of the row that chose the newest token (_CheckedHead)."""
+    target = FakeLlama(make_target())
+    n_trees = n_branch_wins = 0
+    for prompt in (PREFIX, [4, 0, 4, 0, 4, 0, 4], [2]):
+        alone = generate(NoDraft(), target, prompt, 0, 40, params)
+        head = make_head(FakeLlama(make_draft(target.model)).model)
+        got: list[int] = []
+        for event in steps(head, target, prompt, 3, 40, params, tree_nodes=3):
+            if isinstance(event, Step):
+                got.extend(event.tokens)
+                n_trees += event.n_branch_nodes > 0
+                n_branch_wins += event.n_branch_accepted > 0
+                assert event.n_branch_accepted <= 1  # one-token branches
         assert got == alone
         assert target.tokens == (prompt + got)[:-1]
     assert n_trees > 10 and n_branch_wins > 0

@@ -19,6 +19,7 @@ from edge_spec.policy import (
     NgramCandidate,
     StepOutcome,
     StepPlan,
+    alternate_tree,
     branch_lengths,
     expected_tokens,
     make_policy,
@@ -235,6 +236,52 @@ def test_token_trees_are_planned_where_verification_is_cheap_and_dropped_where_b
         )
     assert flat.plan(("ngram", "none"), 16, candidate).tree_nodes == 0
     assert flat.branch_yield.value < 0.4  # learned down from its prior, 0.5
+
+
+def test_runner_up_branches_are_taken_where_verification_is_cheap_and_dropped_where_they_fail() -> (
+    None
+):
+    """A learned draft's runner-ups as one-token branches: on a gentle curve (6 % a token) the heavy
+    ones are verified beside the chain, the light one is not; on this CPU's curve none are;
+    runner-ups that keep failing teach the flat policy to stop adding them."""
+    alternates = ((0, 50, 0.3), (1, 51, 0.05), (2, 52, 0.25))
+    confidences = (0.6, 0.6, 0.6)
+    gentle = CostCurve(tuple(10 * MS * (1 + 0.06 * n) for n in range(17)), draft_token_s=1e-5)
+    flat = CostModelK(gentle, k_max=16)
+    flat.plan(MODEL_ONLY, 16, None)
+    picked = flat.alternates(confidences, alternates, 8)
+    assert picked[:1] == (0,) and 1 not in picked
+    assert flat.alternates(confidences, alternates, 0) == ()  # no room in the batch
+    cpu = CostModelK(cpu_costs(c=0.03), k_max=16, risk_floor=None)
+    cpu.plan(MODEL_ONLY, 16, None)
+    assert cpu.alternates(confidences, alternates, 8) == ()
+    for _ in range(30):
+        flat.plan(MODEL_ONLY, 16, None)
+        picked = flat.alternates(confidences, alternates, 8)
+        flat.update(
+            outcome(
+                "model",
+                3 + len(picked),
+                1,
+                gentle,
+                confidences=confidences,
+                n_branch_nodes=len(picked),
+                branch_weight=sum(alternates[j][2] for j in picked),
+            )
+        )
+    assert flat.alternates(confidences, alternates, 8) == ()
+    assert flat.alternate_yield.value < 0.4  # learned down from its prior, 0.8
+
+
+def test_runner_up_tree_layout_and_the_fixed_policys_pick() -> None:
+    alternates = ((0, 50, 0.3), (1, 51, 0.05), (2, 52, 0.25), (3, 53, 0.9), (1, 6, 0.9))
+    assert FixedK(3, tree_nodes=2).alternates((0.5,) * 3, alternates, 8) == (3, 4)
+    assert FixedK(3, tree_nodes=8).alternates((0.5,) * 3, alternates, 8, max_leaves=3) == (3, 4)
+    assert FixedK(3).alternates((0.5,) * 3, alternates, 8) == ()
+    # Alternate j hangs beside chain token i; one past the chain or equal to it is left out.
+    tree = alternate_tree((5, 6, 7), alternates, (0, 2, 3, 4))
+    assert tree.tokens == (5, 6, 7, 50, 52) and tree.parents == (-1, 0, 1, -1, 1)
+    assert tree.branch_weights == (0.3, 0.25) and tree.n_main == 3
 
 
 def test_drafts_lengthen_as_they_pay_within_the_request() -> None:

@@ -107,6 +107,28 @@ def test_replay_stops_a_model_draft_where_keep_drafting_says() -> None:
     assert result.n_drafted < 2 * n_model  # stopped after the first, unsure token
 
 
+def test_replay_verifies_a_learned_drafts_runner_ups_as_branches() -> None:
+    """Every chain is right for one token and wrong at the second, where its runner-up is the
+    target's: on a nearly flat curve the cost policy verifies runner-ups beside the chain, the
+    walk accepts them, and the replay beats the same policy on chains alone."""
+    n = 80
+    trace = make_trace([1] * n, confidence=[0.6] * n)
+    alternates = tuple(
+        tuple((pos + 1 if i == 1 else -5, 0.35) for i in range(min(16, n - pos)))
+        for pos in range(n)
+    )
+    trace = dataclasses.replace(trace, model_alternates=alternates)
+    gentle = CostCurve(tuple((1 + 0.03 * i) * MS for i in range(17)), draft_token_s=0.02 * MS)
+    trees = replay(trace, gentle, CostModelK(gentle, k_max=8), sources=("model", "none"))
+    chains = replay(
+        trace, gentle, CostModelK(gentle, k_max=8, tree_nodes=0), sources=("model", "none")
+    )
+    assert trees.n_tokens == chains.n_tokens == n
+    assert trees.n_tree_steps > 10 and trees.n_branch_accepted > 10
+    assert chains.n_tree_steps == 0
+    assert trees.tokens_per_s > chains.tokens_per_s
+
+
 # ---- the oracle ------------------------------------------------------------------------------
 
 

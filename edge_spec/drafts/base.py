@@ -33,6 +33,10 @@ class Draft:
     # A token tree: parents[i] is the index of token i's parent, -1 for the context's last
     # token; parents come before their children. Empty: a chain (token i follows i - 1).
     parents: tuple[int, ...] = ()
+    # A chain's runner-up candidates, (position i, token, the draft's probability of it): an
+    # alternative to tokens[i] that the policy may verify beside the chain as a one-token
+    # branch of a token tree (see policy.alternate_tree). Empty: none offered.
+    alternates: tuple[tuple[int, int, float], ...] = ()
 
 
 NO_DRAFT = Draft(tokens=())

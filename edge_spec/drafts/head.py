@@ -146,6 +146,7 @@ class HeadDraft:
         hidden, token = self._hidden, int(context[-1])
         tokens: list[int] = []
         confidences: list[float] = []
+        alternates: list[tuple[int, int, float]] = []
         for i in range(k):
             logits, hidden = self.run(hidden, token)
             if params.greedy:
@@ -160,9 +161,23 @@ class HeadDraft:
                 full[self.vocab_ids] = -np.inf
             tokens.append(token)
             confidences.append(confidence)
+            alternates.append(self._runner_up(i, logits, token, params))
             if i + 1 == k or (keep_drafting is not None and not keep_drafting(i, confidence)):
                 break
-        return Draft(tuple(tokens), tuple(confidences))
+        return Draft(tuple(tokens), tuple(confidences), alternates=tuple(alternates))
+
+    def _runner_up(
+        self, i: int, logits: np.ndarray, chosen: int, params: SamplingParams
+    ) -> tuple[int, int, float]:
+        """The head's most probable token other than the one it proposed at position i, with
+        its probability (at the request's temperature): a token tree's one-token branch."""
+        top2 = np.argpartition(logits, -2)[-2:]
+        first, second = sorted(top2.tolist(), key=lambda j: -float(logits[j]))
+        other = second if int(self.vocab_ids[first]) == chosen else first
+        scale = 1.0 if params.greedy else 1.0 / params.temperature
+        z = (logits.astype(np.float64) - float(logits.max())) * scale
+        weight = float(np.exp(z[other]) / np.exp(z).sum())
+        return i, int(self.vocab_ids[other]), weight
 
     def token_cost_s(self, n_embd: int, repeats: int = 64) -> float:
         """Median seconds of one head step here (embedding row + onnxruntime), for profiles."""
