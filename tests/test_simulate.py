@@ -354,3 +354,29 @@ def test_pair_traces_exist_for_both_directions_and_self() -> None:
     names = {p.stem for p in PAIR_TRACES}
     assert {"gemma3-270m-f16__smollm2-135m-q4_0", "smollm2-135m-f16__gemma3-270m-q4_0"} <= names
     assert {"gemma3-270m-f16__self", "smollm2-135m-f16__self"} <= names
+
+
+HEAD_TRACES = sorted((DEFAULT_TRACES / "heads").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", HEAD_TRACES, ids=lambda p: p.stem)
+def test_draft_head_traces_replay_never_slower_with_their_runner_ups(path) -> None:
+    """The traces of the draft heads trained here (bench/traces/heads, recorded with their
+    runner-ups) replay on every device with the head's own measured c: the cost policy, which
+    may verify runner-ups as token trees, stays at least 0.97x the target alone per category,
+    and the head's chain was really replayed."""
+    traces = load_traces(path)
+    assert traces.draft == "head" and len(traces.prompts) >= 12
+    assert any(p.model_alternates for p in traces.prompts)
+    c = traces.meta["measured"]["c"]
+    profiles = [dataclasses.replace(load_profile(n), c=c) for n in list_profiles()]
+    for rep in simulate(traces, profiles, ["cost", "cost-chains"]):
+        assert rep.tps("fixed-model-1") != rep.tps("none")
+        for category, runs in rep.by_category.items():
+            ratio = runs["cost"].tokens_per_s / runs["none"].tokens_per_s
+            assert ratio >= 0.97, (rep.profile.name, category)
+
+
+def test_head_traces_exist_for_both_trained_targets() -> None:
+    names = {p.stem for p in HEAD_TRACES}
+    assert {"smollm2-135m-f16__head", "gemma3-270m-f16__head"} <= names
