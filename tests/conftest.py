@@ -37,9 +37,13 @@ def _model(name: str) -> Path:
 
 
 def _pair() -> tuple[str, str]:
-    """The manifest's default pair, or the pair named by EDGE_SPEC_TEST_PAIR."""
+    """The manifest's default pair, the pair named by EDGE_SPEC_TEST_PAIR, or the two files
+    EDGE_SPEC_TEST_TARGET and EDGE_SPEC_TEST_DRAFT (scripts/gpu_check.py's small models)."""
     from edge_spec.models import default_pair, list_pairs
 
+    files = os.environ.get("EDGE_SPEC_TEST_TARGET"), os.environ.get("EDGE_SPEC_TEST_DRAFT")
+    if all(files):
+        return files[0], files[1]
     name = os.environ.get("EDGE_SPEC_TEST_PAIR")
     if not name:
         return default_pair()

@@ -85,8 +85,11 @@ def llama_build() -> str:
     return " ".join(text.split()).strip(" |")
 
 
-def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
-    """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed)."""
+def quantize(
+    src: Path, dst: Path, ftype: str, n_threads: int | None = None, pure: bool = False
+) -> None:
+    """Requires a loadable GGUF at src; writes dst converted to ftype (requantizing is allowed).
+    pure: every tensor in ftype (llama-quantize --pure), the embeddings too."""
     validate_gguf(src)
     if ftype not in FTYPES:
         raise InvalidRequestError(f"unknown ftype {ftype!r}; choose from {sorted(FTYPES)}")
@@ -94,6 +97,7 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[ftype]
     params.allow_requantize = True
+    params.pure = pure
     params.nthread = n_threads or os.cpu_count() or 1
     _recent_errors.clear()
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
