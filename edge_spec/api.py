@@ -66,6 +66,9 @@ class EngineConfig:
     # exists; False keeps auto to the draft model (the CLI sets it when --draft is given).
     # draft_mode "head" needs one either way.
     use_head: bool = True
+    # llama.cpp rpc-servers ("host:port") that hold the target's layers (edge-spec rpc-server);
+    # the draft, n-gram and head stay on this machine. Empty: everything local.
+    rpc_servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -92,6 +95,10 @@ class EngineConfig:
         for ok, message in checks:
             if not ok:
                 raise InvalidRequestError(message)
+        if self.rpc_servers:
+            from .backend.rpc import parse_endpoints
+
+            parse_endpoints(",".join(self.rpc_servers))
 
 
 @dataclass(frozen=True)
@@ -268,6 +275,19 @@ class EdgeSpec:
                     f"`edge-spec head train -m {self.target_path}`"
                 )
         self.default_draft_mode: DraftMode = mode
+        # The target spread over rpc-servers: each checked (reachable, its protocol) before
+        # llama.cpp sees it, since llama.cpp aborts the process on a server it cannot use.
+        target_devices: list[int] | None = None
+        local_devices: list[int] | None = None
+        remote_free: int | None = None
+        if cfg.rpc_servers:
+            from .backend import rpc
+
+            endpoints = rpc.parse_endpoints(",".join(cfg.rpc_servers))
+            local_devices = rpc.local_devices()
+            remote = rpc.rpc_devices(endpoints)
+            remote_free = sum(free for _, free, _ in rpc.device_memory(remote))
+            target_devices = remote + local_devices
         if cfg.verify_in_child:
             from .isolation import verify_in_child
             from .models import cache_dir
@@ -281,6 +301,7 @@ class EdgeSpec:
             self.draft_path,
             n_ctx=cfg.n_ctx,
             ram_budget_bytes=cfg.mem_budget_bytes,
+            remote_budget_bytes=remote_free,
         )
         log.info("placement: %s", self.placement.describe())
         self.target = LlamaModel(
@@ -290,6 +311,7 @@ class EdgeSpec:
             n_threads=cfg.n_threads,
             n_gpu_layers=cfg.n_gpu_layers,
             hidden_states=self.head_dir is not None,
+            devices=target_devices,
         )
         self._sources: dict[str, DraftSource] = {
             "none": NoDraft(),
@@ -309,6 +331,7 @@ class EdgeSpec:
                 n_batch=cfg.n_batch,
                 n_threads=cfg.n_threads,
                 n_gpu_layers=cfg.n_gpu_layers,
+                devices=local_devices,
             )
             try:
                 model_source = _model_source(self.target, draft_model)
@@ -563,6 +586,7 @@ class EdgeSpec:
                 n_threads=self.target.n_threads,
                 n_gpu_layers=self.config.n_gpu_layers,
                 quick=True,
+                rpc_servers=self.config.rpc_servers,
             )
             self._costs = profile.cost_curve()
         return self._costs

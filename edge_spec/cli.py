@@ -35,6 +35,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="chatml, gemma, or a Jinja file (default: the model's own; a built-in for its "
         "architecture if it has none)",
     )
+    add_rpc_argument(parser)
+
+
+def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="put the target's layers on these llama.cpp rpc-servers (edge-spec rpc-server); "
+        "the draft stays on this machine",
+    )
+
+
+def rpc_servers(args: argparse.Namespace) -> tuple[str, ...]:
+    """--rpc as EngineConfig.rpc_servers (validated there)."""
+    text = getattr(args, "rpc", None)
+    return tuple(part.strip() for part in text.split(",")) if text else ()
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_head_parser(sub)
 
+    rpc = sub.add_parser(
+        "rpc-server", help="serve this machine's GPU or CPU to a target spread over machines"
+    )
+    rpc.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    rpc.add_argument("--port", "-p", type=int, default=50052)
+    rpc.add_argument("--threads", "-t", type=int, default=None, help="CPU threads")
+
     models = sub.add_parser("models", help="list or prepare the registry models")
     msub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     msub.add_parser("list", help="show the manifest's models and whether they are ready")
@@ -154,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .server.command import run_serve
 
             return run_serve(args)
+        if args.command == "rpc-server":
+            return _rpc_server(args)
         if args.command == "head":
             from .headtrain.command import run_head
 
@@ -221,7 +247,50 @@ def engine_config(args: argparse.Namespace) -> Any:
         verify_in_child=True,  # a model file llama.cpp aborts on ends in one line, exit 2
         # A draft the user named drafts in auto, not the target's head.
         use_head=getattr(args, "draft", None) is None,
+        rpc_servers=rpc_servers(args),
     )
+
+
+def _rpc_server(args: argparse.Namespace) -> int:
+    """llama.cpp's RPC server in this process until Ctrl-C or SIGTERM (exit 0)."""
+    import signal
+    import threading
+
+    from .backend import default_threads
+    from .backend.rpc import parse_endpoints, serve_forever
+    from .errors import InvalidRequestError
+
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}")
+    (endpoint,) = parse_endpoints(f"{args.host}:{args.port}")
+    if not endpoint.is_loopback:
+        print(
+            f"edge-spec: warning: listening on {endpoint}: llama.cpp's RPC protocol has no "
+            "authentication or encryption; anyone who can reach this port can run work on this "
+            "machine and read its memory. Use it only on a network you trust.",
+            file=sys.stderr,
+        )
+    failure: list[BaseException] = []
+    stopped = threading.Event()
+
+    def serve() -> None:
+        try:
+            serve_forever(endpoint, args.threads or default_threads())
+        except BaseException as exc:  # handed to the main thread
+            failure.append(exc)
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    threading.Thread(target=serve, name="rpc-server", daemon=True).start()
+    print(f"edge-spec: rpc-server listening on {endpoint} (Ctrl-C stops it)", file=sys.stderr)
+    try:
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        return 0
+    if failure:
+        raise failure[0]
+    return 0
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

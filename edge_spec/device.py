@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -131,6 +132,7 @@ class ProfileRequest:
     n_threads: int
     n_gpu_layers: int  # effective: 0 where the build cannot offload
     key: str
+    rpc_servers: tuple[str, ...] = ()  # the target on these llama.cpp rpc-servers
 
 
 def profiles_dir() -> Path:
@@ -148,9 +150,11 @@ def profile_key(
     n_gpu_layers: int,
     llama_cpp_version: str,
     llama_build: str,
+    rpc_servers: Sequence[str] = (),
 ) -> str:
-    """24 hex digits of the sha256 of everything that changes the measured costs."""
-    parts = [
+    """24 hex digits of the sha256 of everything that changes the measured costs (the RPC
+    servers only where there are some, so that local keys stay what they were)."""
+    parts: list = [
         hostname,
         cpu_model,
         target_sha256,
@@ -162,6 +166,8 @@ def profile_key(
         llama_build,
         SCHEMA_VERSION,
     ]
+    if rpc_servers:
+        parts.append(sorted(rpc_servers))
     return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()[:24]
 
 
@@ -195,7 +201,11 @@ def _hash_file(path: Path) -> str:
 
 
 def _request(
-    target_path: str | Path, draft_path: str | Path | None, n_threads: int | None, n_gpu_layers: int
+    target_path: str | Path,
+    draft_path: str | Path | None,
+    n_threads: int | None,
+    n_gpu_layers: int,
+    rpc_servers: Sequence[str] = (),
 ) -> ProfileRequest:
     target = Path(target_path)
     draft = Path(draft_path) if draft_path is not None else None
@@ -217,8 +227,11 @@ def _request(
         n_gpu_layers=layers,
         llama_cpp_version=backend.llama_cpp_version(),
         llama_build=backend.llama_build(),
+        rpc_servers=rpc_servers,
     )
-    return ProfileRequest(target, draft, target_sha, draft_sha, threads, layers, key)
+    return ProfileRequest(
+        target, draft, target_sha, draft_sha, threads, layers, key, tuple(rpc_servers)
+    )
 
 
 def profile_path(
@@ -261,7 +274,9 @@ def measure_profile(request: ProfileRequest, quick: bool) -> DeviceProfile:
     if request.draft_path is not None:
         assert request.draft_sha256 is not None
         models.append((request.draft_path, request.draft_sha256))
-    costs = probes.measure_models(models, settings, request.n_threads, request.n_gpu_layers)
+    costs = probes.measure_models(
+        models, settings, request.n_threads, request.n_gpu_layers, request.rpc_servers
+    )
     return DeviceProfile(
         host=host,
         target=costs[0],
@@ -286,6 +301,7 @@ def load_or_profile(
     n_gpu_layers: int = -1,
     quick: bool = True,
     refresh: bool = False,
+    rpc_servers: Sequence[str] = (),
 ) -> DeviceProfile:
     """The cached profile of this pair and settings, else a fresh measurement (saved).
 
@@ -299,6 +315,7 @@ def load_or_profile(
         n_gpu_layers=n_gpu_layers,
         quick=quick,
         refresh=refresh,
+        rpc_servers=rpc_servers,
     )
     return profile
 
@@ -311,9 +328,10 @@ def lookup_or_profile(
     n_gpu_layers: int = -1,
     quick: bool = True,
     refresh: bool = False,
+    rpc_servers: Sequence[str] = (),
 ) -> tuple[DeviceProfile, Path, bool]:
     """load_or_profile, also returning the profile's path and whether it came from the cache."""
-    request = _request(target_path, draft_path, n_threads, n_gpu_layers)
+    request = _request(target_path, draft_path, n_threads, n_gpu_layers, rpc_servers)
     directory = profiles_dir()
     path = directory / f"{request.key}.json"
     cached = None if refresh else _usable(path, request.key, quick)
@@ -412,9 +430,13 @@ def add_profile_parser(sub: Any) -> None:
     parser.set_defaults(full=False)
     parser.add_argument("--refresh", action="store_true", help="measure even if cached")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    from .cli import add_rpc_argument
+
+    add_rpc_argument(parser)
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    from .cli import rpc_servers
     from .errors import InvalidRequestError
     from .models import default_pair, resolve
 
@@ -439,6 +461,7 @@ def run_profile(args: argparse.Namespace) -> int:
         n_gpu_layers=args.n_gpu_layers,
         quick=not args.full,
         refresh=args.refresh,
+        rpc_servers=rpc_servers(args),
     )
     if args.json:
         out = {

@@ -53,6 +53,7 @@ class PlacementPlan:
     headroom_bytes: int
     ram_needed_bytes: int
     vram_needed_bytes: int
+    remote_needed_bytes: int = 0  # the target's layers on RPC servers
 
     def describe(self) -> str:
         parts = [f"target {self.target.total_bytes / MIB:.0f} MiB"]
@@ -61,6 +62,8 @@ class PlacementPlan:
         where = (
             f", {self.vram_needed_bytes / MIB:.0f} MiB on the GPU" if self.vram_needed_bytes else ""
         )
+        if self.remote_needed_bytes:
+            where += f", {self.remote_needed_bytes / MIB:.0f} MiB on the RPC servers"
         return (
             f"{' + '.join(parts)} at n_ctx={self.n_ctx}: {self.ram_needed_bytes / MIB:.0f} MiB of "
             f"RAM{where}, budget {self.ram_budget_bytes / MIB:.0f} MiB "
@@ -101,11 +104,14 @@ def plan_placement(
     n_ctx: int,
     ram_budget_bytes: int | None = None,
     vram_budget_bytes: int | None = None,
+    remote_budget_bytes: int | None = None,
 ) -> PlacementPlan:
     """Requires GGUF paths; returns a plan that fits the budget with headroom, or raises
     PlacementError naming what to change. vram_budget_bytes None means no GPU offload: every
     layer stays in RAM. With a GPU budget, the draft goes on the GPU first (it runs k times per
-    step), then as many target layers as fit; what does not fit stays in RAM."""
+    step), then as many target layers as fit; what does not fit stays in RAM.
+    remote_budget_bytes: the free memory the target's RPC servers report; the target's layers
+    and their KV go there (all of them, or PlacementError), the rest stays here."""
     target = read_facts(target_path)
     draft = read_facts(draft_path) if draft_path is not None else None
     n_ctx = min(n_ctx, target.n_ctx_train or n_ctx)
@@ -126,9 +132,29 @@ def plan_placement(
         t_place = _model(target, "target", n_ctx, int(layers))
         vram_needed += int(layers) * per_layer
 
-    ram_needed = sum(p.total_bytes for p in (t_place, d_place) if p is not None) - vram_needed
+    remote_needed = 0
+    if remote_budget_bytes is not None:
+        per_layer = target.layer_bytes() + target.kv_bytes(n_ctx) // max(target.n_layer, 1)
+        remote_needed = per_layer * target.n_layer
+        if remote_needed > remote_budget_bytes:
+            raise PlacementError(
+                f"the target's {target.n_layer} layers need {remote_needed / MIB:.0f} MiB on the "
+                f"RPC servers, which report {remote_budget_bytes / MIB:.0f} MiB free: add a "
+                "server or use a smaller quantization"
+            )
+        t_place = _model(target, "target", n_ctx, target.n_layer)
+    ram_needed = sum(p.total_bytes for p in (t_place, d_place) if p is not None)
+    ram_needed -= vram_needed + remote_needed
     plan = PlacementPlan(
-        t_place, d_place, n_ctx, budget, vram_budget_bytes, headroom, ram_needed, vram_needed
+        t_place,
+        d_place,
+        n_ctx,
+        budget,
+        vram_budget_bytes,
+        headroom,
+        ram_needed,
+        vram_needed,
+        remote_needed,
     )
     if ram_needed + headroom > budget:
         raise PlacementError(_refusal(plan, target, draft))

@@ -172,11 +172,20 @@ def measure_models(
     settings: ProfileSettings,
     n_threads: int,
     n_gpu_layers: int,
+    rpc_servers: Sequence[str] = (),
 ) -> list[ModelCost]:
     """Load every (path, sha256) at once and time batches of n tokens on each after
     settings.n_ctx_probe tokens, interleaved so that load from other processes and clock
-    drift hit the target and the draft alike (their ratio c matters most)."""
+    drift hit the target and the draft alike (their ratio c matters most). rpc_servers: the
+    first model (the target) on those servers, timed through the network; the others local."""
     n_max = max(settings.ns)
+    devices: list[list[int] | None] = [None] * len(models)
+    if rpc_servers:
+        from .backend import rpc
+
+        local = rpc.local_devices()
+        remote = rpc.rpc_devices(rpc.parse_endpoints(",".join(rpc_servers)))
+        devices = [remote + local] + [local] * (len(models) - 1)
     with contextlib.ExitStack() as stack:
         loaded = [
             stack.enter_context(
@@ -186,9 +195,10 @@ def measure_models(
                     n_batch=min(512, settings.n_ctx_probe + n_max),
                     n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers,
+                    devices=model_devices,
                 )
             )
-            for path, _ in models
+            for (path, _), model_devices in zip(models, devices)
         ]
         n_ctx = min(model.n_ctx for model in loaded)  # a model may have a short n_ctx_train
         n_ctx_probe = min(settings.n_ctx_probe, n_ctx - n_max)

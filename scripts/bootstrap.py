@@ -95,6 +95,8 @@ def cmake_args(batch_invariant: bool = False) -> list[str]:
     same alone and inside a batch (F16/Q8_0 models), at the cost of slower long batches."""
     system, machine = platform.system(), platform.machine().lower()
     args: list[str] = ["-DGGML_LLAMAFILE=OFF"] if batch_invariant else []
+    # llama.cpp's RPC backend: a target's layers on other machines' rpc-servers (--rpc).
+    args.append("-DGGML_RPC=ON")
     if system == "Darwin" and machine == "arm64":
         args.append("-DGGML_METAL=on")
     elif has_nvidia_gpu():

@@ -70,7 +70,11 @@ class LlamaModel:
         n_threads: int | None = None,
         n_gpu_layers: int = -1,
         hidden_states: bool = False,
+        devices: Sequence[int] | None = None,
     ) -> None:
+        """devices: the ggml devices the offloaded layers may use (backend.rpc: the RPC
+        servers' for a target spread over machines, this machine's own for a local draft);
+        None: every registered device, llama.cpp's default."""
         self.path = Path(path)
         file_size = validate_gguf(self.path).file_size_bytes
         if n_ctx < 16:
@@ -83,8 +87,15 @@ class LlamaModel:
         self._batch = None
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if supports_gpu_offload() else 0
+        device_array = None
+        if devices is not None:
+            device_array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            mparams.devices = ctypes.cast(device_array, ctypes.c_void_p)
+            if devices:
+                mparams.n_gpu_layers = n_gpu_layers  # RPC servers take layers on a CPU build
         _recent_errors.clear()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        del device_array  # llama.cpp copied the list
         if not model:
             reason = _llama_error("truncated or corrupt?")
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")

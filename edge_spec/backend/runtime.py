@@ -15,6 +15,7 @@ from pathlib import Path
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 import llama_cpp  # noqa: E402
+from llama_cpp._ggml import libggml as _libggml  # noqa: E402
 
 from ..errors import InvalidRequestError, ModelFileError
 from ..gguf_validate import validate_gguf
@@ -68,8 +69,19 @@ FTYPES = {
 }
 
 
+# ggml_backend_dev_type: CPU 0, GPU 1, IGPU 2, ACCEL 3.
+_GPU_DEVICE_TYPES = (1, 2)
+_libggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+_libggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+
+
 def supports_gpu_offload() -> bool:
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """Whether this machine has a GPU llama.cpp can offload to. llama.cpp's own
+    llama_supports_gpu_offload() also says yes for a build with the RPC backend, whose servers
+    are other machines (backend.rpc): those are asked for explicitly."""
+    if not llama_cpp.llama_supports_gpu_offload():
+        return False
+    return any(_libggml.ggml_backend_dev_by_type(t) for t in _GPU_DEVICE_TYPES)
 
 
 def llama_cpp_version() -> str:

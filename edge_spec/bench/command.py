@@ -17,6 +17,9 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
     bench.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
     bench.add_argument("--quick", action="store_true", help="2 prompts per category (CI)")
+    from ..cli import add_rpc_argument
+
+    add_rpc_argument(bench)
     bench.add_argument("--categories", nargs="+", default=None)
     bench.add_argument(
         "--strategies",
@@ -61,6 +64,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from .. import __version__
     from ..api import EdgeSpec, EngineConfig
     from ..backend import llama_build, llama_cpp_version
+    from ..cli import rpc_servers
     from ..errors import InvalidRequestError
     from ..models import choose_pair
     from .agentic import SCENARIOS, load_sessions, n_requests, run_agentic
@@ -100,7 +104,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     # --chat or --agentic without a target: the chat pair (the default pair's has no template).
     chat = args.chat or args.agentic
     target, draft = choose_pair(args.target, args.draft, chat=chat)
-    config = EngineConfig(n_ctx=args.ctx_size, n_threads=args.threads, use_head=args.draft is None)
+    config = EngineConfig(
+        n_ctx=args.ctx_size,
+        n_threads=args.threads,
+        use_head=args.draft is None,
+        rpc_servers=rpc_servers(args),
+    )
     n_entries = len(strategies) + len(peer_names) + 1
     n_requests_total = n_requests(sessions) if args.agentic else len(prompts)
     n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries

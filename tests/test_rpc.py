@@ -1,0 +1,151 @@
+"""A target spread over llama.cpp rpc-servers (edge-spec rpc-server, --rpc): endpoints checked
+in Python before llama.cpp sees them (it aborts the process on a server it cannot use), and,
+over loopback with two real servers, the target's layers remote and its greedy output the
+local target's."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from edge_spec.backend.rpc import RpcError, check_server, parse_endpoints, supports_rpc
+from edge_spec.errors import InvalidRequestError
+
+PROMPTS = [
+    "The three primary colors are",
+    "def fibonacci(n):\n",
+    "List the days of the week: Monday, Tuesday,",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_endpoints_parse_or_say_what_is_wrong() -> None:
+    (one, two) = parse_endpoints("127.0.0.1:50052, gpu-box:50053")
+    assert (one.host, one.port, two.host, two.port) == ("127.0.0.1", 50052, "gpu-box", 50053)
+    assert one.is_loopback and not two.is_loopback
+    for bad in ("127.0.0.1", ":50052", "host:port", "host:0", "host:70000", "a:1,a:1", "::1:5"):
+        with pytest.raises(InvalidRequestError):
+            parse_endpoints(bad)
+
+
+def test_an_unreachable_server_is_an_error_not_an_abort() -> None:
+    with pytest.raises(RpcError, match="cannot reach rpc-server 127.0.0.1:"):
+        check_server(parse_endpoints(f"127.0.0.1:{free_port()}")[0], timeout_s=2)
+
+
+def test_a_port_that_is_not_an_rpc_server_is_refused() -> None:
+    """Something else listening (it answers garbage, or nothing): refused within the timeout."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(64)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    with pytest.raises(RpcError, match="did not answer as an rpc-server"):
+        check_server(parse_endpoints(f"127.0.0.1:{port}")[0], timeout_s=5)
+    server.close()
+
+
+def test_cli_with_an_unreachable_server_exits_2_with_one_line() -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_spec.cli",
+            "generate",
+            "--rpc",
+            f"127.0.0.1:{free_port()}",
+            "--max-tokens",
+            "4",
+            "Hello",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    reason = "cannot reach rpc-server" if supports_rpc() else "built without the RPC backend"
+    assert run.stderr.count("\n") == 1 and reason in run.stderr
+
+
+needs_rpc = pytest.mark.skipif(not supports_rpc(), reason="llama.cpp built without GGML_RPC")
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[str, str]]:
+    """Two `edge-spec rpc-server`s on loopback, one thread each."""
+    ports = [free_port(), free_port()]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "edge_spec.cli", "rpc-server", "--port", str(p), "-t", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in ports
+    ]
+    endpoints = [f"127.0.0.1:{p}" for p in ports]
+    deadline = time.monotonic() + 60
+    for endpoint in endpoints:
+        while True:
+            try:
+                check_server(parse_endpoints(endpoint)[0], timeout_s=2)
+                break
+            except RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    yield endpoints[0], endpoints[1]
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.models
+@needs_rpc
+def test_rpc_server_refuses_a_port_in_use(servers) -> None:
+    port = servers[0].split(":")[1]
+    run = subprocess.run(
+        [sys.executable, "-m", "edge_spec.cli", "rpc-server", "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "cannot listen on" in run.stderr.splitlines()[-1]
+
+
+@pytest.mark.models
+@needs_rpc
+def test_greedy_over_two_rpc_servers_equals_the_local_target(
+    servers, target_path, draft_path
+) -> None:
+    from edge_spec import EdgeSpec, EngineConfig, GenerationConfig
+
+    config = GenerationConfig(max_tokens=32)
+    with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=512)) as local:
+        expected = {p: local.generate(p, config, draft_mode="none").token_ids for p in PROMPTS}
+    remote_cfg = EngineConfig(n_ctx=512, rpc_servers=servers)
+    with EdgeSpec(target_path, draft_path, config=remote_cfg) as remote:
+        assert remote.placement.remote_needed_bytes > 0
+        drafted = 0
+        for prompt in PROMPTS:
+            for mode in ("none", "auto", "model"):
+                result = remote.generate(prompt, config, draft_mode=mode)
+                assert result.token_ids == expected[prompt], (prompt, mode)
+                drafted += result.stats.n_drafted
+        assert drafted > 0
