@@ -21,3 +21,8 @@ class ContextOverflowError(EdgeSpecError):
 
 class InvalidRequestError(EdgeSpecError):
     """A request or configuration value is out of range."""
+
+
+class RpcError(EdgeSpecError):
+    """An rpc-server that cannot be used (unreachable, not an rpc-server, another protocol), or
+    one lost mid-generation."""

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
 from ..gguf_validate import validate_gguf
 from ..policy import MAX_TREE_LEAVES
+from .rpc import local_devices as _local_devices
 from .runtime import (
     _ensure_backend,
     _llama_error,
@@ -88,13 +89,15 @@ class LlamaModel:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if supports_gpu_offload() else 0
         device_array = None
+        # Spread over rpc-servers: llama.cpp calls that talk to them go through rpc's guard.
+        self._rpc = bool(devices) and any(d not in _local_devices() for d in devices or ())
         if devices is not None:
             device_array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
             mparams.devices = ctypes.cast(device_array, ctypes.c_void_p)
             if devices:
                 mparams.n_gpu_layers = n_gpu_layers  # RPC servers take layers on a CPU build
         _recent_errors.clear()
-        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        model = self._call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), mparams)
         del device_array  # llama.cpp copied the list
         if not model:
             reason = _llama_error("truncated or corrupt?")
@@ -119,7 +122,7 @@ class LlamaModel:
         if hidden_states:
             # Per-token final hidden states beside the logits (switched on per decode, below).
             cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        ctx = self._call(llama_cpp.llama_init_from_model, model, cparams)
         if not ctx:
             self.close()
             reason = _llama_error("out of memory?")
@@ -187,7 +190,21 @@ class LlamaModel:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
+    def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+        """A llama.cpp call that may talk to rpc-servers: guarded on an RPC model."""
+        if not getattr(self, "_rpc", False):
+            return fn(*args)
+        from .rpc import call_guarded
+
+        return call_guarded(fn, *args)
+
     def close(self) -> None:
+        if getattr(self, "_rpc", False):
+            from .rpc import lost
+
+            if lost() is not None:  # freeing would talk to the lost server: leave it
+                self._batch = self._ctx = self._model = None
+                return
         if getattr(self, "_batch", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
@@ -316,7 +333,7 @@ class LlamaModel:
         batch.n_tokens = n
         self._set_embeddings(self.hidden_states and len(want) == n)
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ctx, batch)
+        rc = self._call(llama_cpp.llama_decode, self._ctx, batch)
         self.decode_s += time.perf_counter() - t0
         self._hidden_rows = n if rc == 0 and self._embeddings_on else 0
         if rc != 0:
@@ -401,7 +418,7 @@ class LlamaModel:
         self._set_embeddings(self.hidden_states)
         t0 = time.perf_counter()
         try:
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            rc = self._call(llama_cpp.llama_decode, self._ctx, batch)
             self._hidden_rows = n if rc == 0 and self._embeddings_on else 0
         finally:
             self.decode_s += time.perf_counter() - t0
@@ -461,7 +478,7 @@ class LlamaModel:
         return common
 
     def reset(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._call(llama_cpp.llama_memory_clear, self._mem, True)
         self.tokens = []
         self._tree = None
 

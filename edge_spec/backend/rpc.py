@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import llama_cpp
 from llama_cpp._ggml import libggml
 
-from ..errors import EdgeSpecError, InvalidRequestError
+from ..errors import InvalidRequestError, RpcError
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,6 @@ GGML_BACKEND_DEVICE_TYPE_CPU = 0
 
 _lock = threading.Lock()
 _added: dict[str, list[int]] = {}  # endpoint -> its device handles, once per process
-
-
-class RpcError(EdgeSpecError):
-    """An RPC server that cannot be used: unreachable, not an rpc-server, another protocol."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +161,7 @@ def rpc_devices(endpoints: tuple[RpcEndpoint, ...]) -> list[int]:
             "(it builds with -DGGML_RPC=ON)"
         )
     local_devices()  # what is local is fixed before the first server joins
+    install_abort_guard()
     devices: list[int] = []
     for endpoint in endpoints:
         with _lock:
@@ -249,3 +246,73 @@ def serve_forever(endpoint: RpcEndpoint, n_threads: int) -> None:
     log.info("rpc-server on %s: %s", endpoint, [name for name, _, _ in device_memory(devices)])
     _START_SERVER(address)(str(endpoint).encode(), None, n_threads, len(devices), array)
     raise RpcError(f"the rpc-server on {endpoint} stopped (see llama.cpp's message above)")
+
+
+# ---- a server lost mid-generation ------------------------------------------------------------
+# ggml-rpc's client aborts the process when a server stops answering (RPC_STATUS_ASSERT ->
+# GGML_ABORT -> abort()), from its dispatcher thread, while the thread that called llama.cpp
+# waits for that message's answer. ggml calls an abort callback first: ours records the loss and
+# parks the dispatcher thread for good, so abort() is never reached, and llama.cpp calls on an
+# RPC model run in a helper thread that the caller stops waiting for once the loss is recorded.
+# The model is dead from then on (its memory stays allocated: freeing it would talk to the lost
+# server); the process, and a server around it, go on.
+
+RPC_LOST_MARKER = "RPC server"  # "Remote RPC server crashed or returned malformed response"
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_fn.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
+_fn.ggml_set_abort_callback.restype = ctypes.c_void_p
+_lost = threading.Event()
+_lost_message: list[str] = []
+_guard_installed = False
+
+
+@_ABORT_CALLBACK
+def _on_abort(message: bytes) -> None:
+    text = message.decode("utf-8", "replace")
+    if RPC_LOST_MARKER not in text or threading.current_thread() is threading.main_thread():
+        log.error("llama.cpp aborts: %s", text)
+        return  # abort() follows, as without the callback
+    _lost_message.append(text.split(": ", 1)[-1])
+    _lost.set()
+    log.error("an rpc-server was lost: %s", text)
+    while True:  # park llama.cpp's RPC dispatcher thread: abort() must not run
+        threading.Event().wait(3600)
+
+
+def install_abort_guard() -> None:
+    global _guard_installed
+    with _lock:
+        if not _guard_installed:
+            _fn.ggml_set_abort_callback(ctypes.cast(_on_abort, ctypes.c_void_p))
+            _guard_installed = True
+
+
+def lost() -> str | None:
+    """Why an rpc-server was lost, if one was (for health reports)."""
+    return _lost_message[0] if _lost.is_set() else None
+
+
+def call_guarded(fn, *args):  # type: ignore[no-untyped-def]
+    """fn(*args) (a llama.cpp call on an RPC model) in a helper thread; RpcError as soon as an
+    rpc-server is lost instead of waiting for an answer that will never come."""
+    if _lost.is_set():
+        raise RpcError(f"an rpc-server was lost ({lost()}): restart edge-spec once it is back")
+    result: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result.append(fn(*args))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="llama-rpc-call", daemon=True).start()
+    while not done.wait(0.05):
+        if _lost.is_set():
+            raise RpcError(
+                f"an rpc-server was lost mid-generation ({lost()}): this request ends here; "
+                "restart edge-spec once the server is back"
+            )
+    if not result:
+        raise RpcError("a llama.cpp call on the RPC target failed")
+    return result[0]

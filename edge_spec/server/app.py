@@ -21,7 +21,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import EdgeSpec
-from ..errors import ContextOverflowError, InvalidRequestError
+from ..errors import ContextOverflowError, InvalidRequestError, RpcError
 from . import responses as out
 from .metrics import CLIENT_CLOSED, CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .schemas import APIError, ParsedRequest, RequestLimits, parse_chat, parse_completion
@@ -58,6 +58,10 @@ def create_app(
         {
             "queue_depth": ("Requests waiting for the worker.", lambda: worker.queue_depth),
             "requests_running": ("Generations running now (0 or 1).", lambda: worker.busy),
+            "rpc_server_lost": (
+                "1 once an rpc-server holding the target was lost (restart to reconnect).",
+                lambda: float(worker.state == "rpc_lost"),
+            ),
         }
     )
     worker = Worker(load, max_queue=config.max_queue, metrics=metrics, on_fatal=on_fatal)
@@ -94,7 +98,12 @@ def create_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         state = worker.state
-        body = {"status": "ok" if state == "ready" else state, "queue_depth": worker.queue_depth}
+        body: dict[str, Any] = {
+            "status": "ok" if state == "ready" else state,
+            "queue_depth": worker.queue_depth,
+        }
+        if state == "rpc_lost":
+            body["error"] = str(worker.load_error)
         return JSONResponse(body, status_code=200 if state == "ready" else 503)
 
     secured = APIRouter(dependencies=[Depends(require_key)])
@@ -268,6 +277,8 @@ def _api_error(exc: BaseException, chat: bool = False) -> APIError:
         return APIError(413, str(exc), param=param, code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, RpcError):
+        return APIError(503, str(exc), type="server_error", code="rpc_server_lost")
     if isinstance(exc, UnavailableError):
         return APIError(
             503,

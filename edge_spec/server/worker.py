@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from ..api import EdgeSpec, TextDelta
-from ..errors import EdgeSpecError
+from ..errors import EdgeSpecError, RpcError
 from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-State = Literal["loading", "ready", "stopping", "failed"]
+State = Literal["loading", "ready", "stopping", "failed", "rpc_lost"]
 StartFn = Callable[[EdgeSpec], Iterator[TextDelta]]
 
 
@@ -183,6 +183,13 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to its request
             if not isinstance(exc, EdgeSpecError):
                 log.exception("generation failed")
+            if isinstance(exc, RpcError):
+                # The target's rpc-server is gone and llama.cpp cannot reconnect in-process:
+                # health says so (503) and new requests are refused until a restart.
+                with self._state_lock:
+                    if self._state == "ready":
+                        self._state = "rpc_lost"
+                        self.load_error = exc
             job.emit("error", exc)
         finally:
             if deltas is not None and hasattr(deltas, "close"):
