@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .errors import EdgeSpecError
+from .errors import EdgeSpecError, RpcError
 from .modes import DRAFT_MODES
 
 EXIT_USER_ERROR = 2
@@ -187,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _models(args)
     except EdgeSpecError as exc:
         print(f"edge-spec: error: {exc}", file=sys.stderr)
+        if isinstance(exc, RpcError) and "was lost" in str(exc):
+            # llama.cpp's RPC client is wedged (its dispatcher parked, a call never answered):
+            # its exit-time destructors would wait on them, so leave without running them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130

@@ -149,3 +149,63 @@ def test_greedy_over_two_rpc_servers_equals_the_local_target(
                 assert result.token_ids == expected[prompt], (prompt, mode)
                 drafted += result.stats.n_drafted
         assert drafted > 0
+
+
+@pytest.mark.models
+@needs_rpc
+def test_a_server_killed_mid_generation_ends_the_request_with_one_clear_line(
+    target_path, draft_path
+) -> None:
+    """The CLI streams a long answer over two servers; one is killed once text flows: the
+    command ends within two minutes with exit 2 and one line, no traceback, no abort."""
+    ports = [free_port(), free_port()]
+    servers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "edge_spec.cli", "rpc-server", "--port", str(p), "-t", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
+    try:
+        for p in ports:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    check_server(parse_endpoints(f"127.0.0.1:{p}")[0], timeout_s=2)
+                    break
+                except RpcError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+        client = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edge_spec.cli",
+                "generate",
+                "--rpc",
+                endpoints,
+                "--max-tokens",
+                "4000",
+                "--draft-mode",
+                "none",
+                "Count from one to one thousand in words: one, two, three, four,",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert client.stdout is not None
+        assert client.stdout.read(8), "no text streamed before the kill"
+        servers[1].kill()
+        killed = time.monotonic()
+        _, stderr = client.communicate(timeout=120)
+        took_s = time.monotonic() - killed
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    text = stderr.decode()
+    assert client.returncode == 2, text
+    assert text.count("\n") == 1 and "rpc-server was lost" in text, text
+    assert "Traceback" not in text and took_s < 120
