@@ -209,3 +209,32 @@ def test_a_server_killed_mid_generation_ends_the_request_with_one_clear_line(
     assert client.returncode == 2, text
     assert text.count("\n") == 1 and "rpc-server was lost" in text, text
     assert "Traceback" not in text and took_s < 120
+
+
+def test_the_delay_proxy_adds_its_delay_to_each_round_trip_and_keeps_the_bytes() -> None:
+    from edge_spec.bench.delay_proxy import DelayProxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        while data := conn.recv(1 << 16):
+            conn.sendall(data)
+        conn.close()
+
+    threading.Thread(target=echo, daemon=True).start()
+    with DelayProxy(server.getsockname()[:2], delay_s=0.005) as proxy:
+        host, port = proxy.endpoint.split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            took = []
+            for i in range(5):
+                payload = bytes([i]) * 1000
+                start = time.perf_counter()
+                sock.sendall(payload)
+                got = b""
+                while len(got) < len(payload):
+                    got += sock.recv(1 << 16)
+                took.append(time.perf_counter() - start)
+                assert got == payload
+    server.close()
+    assert min(took) >= 0.005

@@ -42,6 +42,15 @@ class DelayProxy:
         self.address = server.sockets[0].getsockname()[:2]
         self._ready.set()
         self._loop.run_forever()
+        # Finish here, in this thread: connections' tasks left pending would be finalised by
+        # whichever thread the garbage collector next runs in.
+        server.close()
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.run_until_complete(server.wait_closed())
+        self._loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
