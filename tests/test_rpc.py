@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
 
@@ -238,3 +239,113 @@ def test_the_delay_proxy_adds_its_delay_to_each_round_trip_and_keeps_the_bytes()
                 assert got == payload
     server.close()
     assert min(took) >= 0.005
+
+
+class NetNs:
+    """A network namespace joined to this one by a veth pair (10.77.x.1 here, 10.77.x.2 there),
+    with `tc netem` delay on both ends where the kernel has it. Needs root and iproute2."""
+
+    def __init__(self, index: int, delay_ms: float) -> None:
+        self.name, self.index, self.delay_ms = f"edge_spec_t{index}", index, delay_ms
+        self.host_ip, self.ns_ip = f"10.77.{index}.1", f"10.77.{index}.2"
+        self.netem = False
+
+    def __enter__(self) -> NetNs:
+        n, i = self.name, self.index
+        steps = [
+            f"ip netns add {n}",
+            f"ip link add es_h{i} type veth peer name es_n{i}",
+            f"ip link set es_n{i} netns {n}",
+            f"ip addr add {self.host_ip}/24 dev es_h{i}",
+            f"ip link set es_h{i} up",
+            f"ip netns exec {n} ip addr add {self.ns_ip}/24 dev es_n{i}",
+            f"ip netns exec {n} ip link set es_n{i} up",
+            f"ip netns exec {n} ip link set lo up",
+        ]
+        for step in steps:
+            run = subprocess.run(step.split(), capture_output=True, text=True)
+            if run.returncode != 0:
+                self.__exit__()
+                pytest.skip(f"cannot make a network namespace here: {step}: {run.stderr.strip()}")
+        if self.delay_ms:
+            half = f"{self.delay_ms / 2:g}ms"
+            a = subprocess.run(
+                f"tc qdisc add dev es_h{i} root netem delay {half}".split(), capture_output=True
+            )
+            b = subprocess.run(
+                f"ip netns exec {n} tc qdisc add dev es_n{i} root netem delay {half}".split(),
+                capture_output=True,
+            )
+            self.netem = a.returncode == 0 and b.returncode == 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(f"ip link del es_h{self.index}".split(), capture_output=True)
+        subprocess.run(f"ip netns del {self.name}".split(), capture_output=True)
+
+
+@pytest.mark.models
+@needs_rpc
+@pytest.mark.parametrize("delay_ms", [0, 5])
+def test_greedy_through_a_network_namespace_equals_the_local_target(
+    delay_ms, target_path, draft_path
+) -> None:
+    """The rpc-server in its own network namespace, reached over a veth pair; the added round
+    trip from netem where the kernel has it, else from the delay proxy (this machine's kernel
+    has no sch_netem): the greedy output is still the local target's."""
+    import os
+    import shutil
+
+    from edge_spec import EdgeSpec, EngineConfig, GenerationConfig
+    from edge_spec.bench.delay_proxy import DelayProxy
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+    config = GenerationConfig(max_tokens=24)
+    with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=512)) as local:
+        expected = local.generate(PROMPTS[0], config, draft_mode="none").token_ids
+    with NetNs(3 + delay_ms, delay_ms) as ns:
+        port = 50052
+        server = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns.name,
+                sys.executable,
+                "-m",
+                "edge_spec.cli",
+                "rpc-server",
+                "--host",
+                ns.ns_ip,
+                "--port",
+                str(port),
+                "-t",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            endpoint = parse_endpoints(f"{ns.ns_ip}:{port}")[0]
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    check_server(endpoint, timeout_s=2)
+                    break
+                except RpcError:
+                    assert time.monotonic() < deadline, "the rpc-server did not come up"
+                    time.sleep(0.2)
+            with ExitStack() as stack:
+                address = str(endpoint)
+                if delay_ms and not ns.netem:
+                    proxy = DelayProxy((ns.ns_ip, port), delay_ms / 1000)
+                    address = stack.enter_context(proxy).endpoint
+                cfg = EngineConfig(n_ctx=512, rpc_servers=(address,))
+                with EdgeSpec(target_path, draft_path, config=cfg) as remote:
+                    for mode in ("none", "auto"):
+                        got = remote.generate(PROMPTS[0], config, draft_mode=mode).token_ids
+                        assert got == expected, mode
+        finally:
+            server.terminate()
+            server.wait(30)

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
 from ..gguf_validate import validate_gguf
 from ..policy import MAX_TREE_LEAVES
+from .rpc import any_added as _rpc_added
 from .rpc import local_devices as _local_devices
 from .runtime import (
     _ensure_backend,
@@ -88,6 +89,8 @@ class LlamaModel:
         self._batch = None
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if supports_gpu_offload() else 0
+        if devices is None and _rpc_added():
+            devices = _local_devices()  # rpc-servers only for those who ask for them
         device_array = None
         # Spread over rpc-servers: llama.cpp calls that talk to them go through rpc's guard.
         self._rpc = bool(devices) and any(d not in _local_devices() for d in devices or ())

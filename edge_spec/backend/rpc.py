@@ -145,6 +145,12 @@ def local_devices() -> list[int]:
         return list(_local)
 
 
+def any_added() -> bool:
+    """Whether an rpc-server joined llama.cpp's registry in this process: from then on a model
+    loaded without a device list would use it too."""
+    return bool(_added)
+
+
 def _offload_devices() -> list[int]:
     return [
         dev
