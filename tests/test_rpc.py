@@ -5,6 +5,7 @@ local target's."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def test_a_server_killed_mid_generation_ends_the_request_with_one_clear_line(
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # text as it is generated
         )
         assert client.stdout is not None
         assert client.stdout.read(8), "no text streamed before the kill"
@@ -293,7 +295,6 @@ def test_greedy_through_a_network_namespace_equals_the_local_target(
     """The rpc-server in its own network namespace, reached over a veth pair; the added round
     trip from netem where the kernel has it, else from the delay proxy (this machine's kernel
     has no sch_netem): the greedy output is still the local target's."""
-    import os
     import shutil
 
     from edge_spec import EdgeSpec, EngineConfig, GenerationConfig

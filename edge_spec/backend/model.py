@@ -310,7 +310,10 @@ class LlamaModel:
         """A (n_rows, n_vocab) view of llama.cpp's logits buffer. Building a view costs 0.06-0.15
         ms (a ctypes array type per call), so the last one is reused while the buffer stays put:
         it moves only when llama.cpp grows it for more output rows."""
-        address = ctypes.cast(llama_cpp.llama_get_logits(self._ctx), ctypes.c_void_p).value
+        # llama_get_logits waits for the decode's graph (llama_decode may return before it
+        # finishes): on an RPC target that wait is on the servers, so it is guarded too.
+        logits = self._call(llama_cpp.llama_get_logits, self._ctx)
+        address = ctypes.cast(logits, ctypes.c_void_p).value
         cached = self._logits_cache
         if cached is None or cached[0] != address or cached[1].shape[0] < n_rows:
             interface = {
@@ -360,7 +363,7 @@ class LlamaModel:
             raise InvalidRequestError(
                 f"no hidden state for row {row}: the last decode left {self._hidden_rows}"
             )
-        pointer = llama_cpp.llama_get_embeddings_ith(self._ctx, row)
+        pointer = self._call(llama_cpp.llama_get_embeddings_ith, self._ctx, row)
         return np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).copy()
 
     def truncate(self, n_keep: int) -> None:

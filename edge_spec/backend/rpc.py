@@ -280,7 +280,7 @@ def _on_abort(message: bytes) -> None:
         return  # abort() follows, as without the callback
     _lost_message.append(text.split(": ", 1)[-1])
     _lost.set()
-    log.error("an rpc-server was lost: %s", text)
+    log.info("an rpc-server was lost: %s", text)  # the request's RpcError says it to the user
     while True:  # park llama.cpp's RPC dispatcher thread: abort() must not run
         threading.Event().wait(3600)
 
