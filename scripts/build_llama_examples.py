@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's own `llama-lookup` and `llama-speculative-simple` as benchmark peers.
+"""Build llama.cpp's own `llama-lookup` and `llama-speculative-simple` as benchmark peers, and
+its `ggml-rpc-server` (the rpc-server binary, for machines that lend memory without edge_spec).
 
 Standard library only. The source is the `vendor/llama.cpp` tree of the llama-cpp-python sdist
 of the version installed in `.venv` (else the version bootstrap pins), so the peers run the same
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 SDIST_DIR = CACHE / "sdist"
 OUT_DIR = CACHE / "llama-examples"
-TARGETS = ("llama-lookup", "llama-speculative-simple")
+TARGETS = ("llama-lookup", "llama-speculative-simple", "ggml-rpc-server")
 STAMP_NAME = "stamp.json"
 
 # The examples link llama + llama-common statically; nothing else of the tree is needed.
@@ -44,7 +45,7 @@ EXAMPLE_ARGS = [
     "-DLLAMA_BUILD_EXAMPLES=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
-    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",  # tools/rpc (GGML_RPC is on in bootstrap's flags); one target built
     "-DLLAMA_BUILD_APP=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
 ]
@@ -124,10 +125,11 @@ def extract_llama_cpp(sdist: Path, version: str) -> Path:
 
 def check_targets(src: Path) -> None:
     """Fail early, with the real names, if this llama.cpp renamed an example target."""
-    text = "\n".join(p.read_text() for p in (src / "examples").glob("*/CMakeLists.txt"))
+    files = [*(src / "examples").glob("*/CMakeLists.txt"), src / "tools" / "rpc" / "CMakeLists.txt"]
+    text = "\n".join(p.read_text() for p in files if p.is_file())
     missing = [t for t in TARGETS if f"set(TARGET {t})" not in text]
     if missing:
-        raise SystemExit(f"{src}/examples defines no target {missing}")
+        raise SystemExit(f"{src}/examples and tools/rpc define no target {missing}")
 
 
 def main() -> None:

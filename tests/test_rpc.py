@@ -350,3 +350,41 @@ def test_greedy_through_a_network_namespace_equals_the_local_target(
         finally:
             server.terminate()
             server.wait(30)
+
+
+@pytest.mark.models
+@needs_rpc
+def test_llama_cpps_own_rpc_server_binary_serves_the_target_too(target_path, draft_path) -> None:
+    """scripts/build_llama_examples.py also builds llama.cpp's ggml-rpc-server (for machines
+    without edge_spec): the target on it gives the local target's greedy output."""
+    from edge_spec import EdgeSpec, EngineConfig, GenerationConfig
+    from edge_spec.bench.cpp_peers import default_bin_dir
+
+    bin_dir = default_bin_dir()
+    if bin_dir is None or not (bin_dir / "ggml-rpc-server").is_file():
+        pytest.skip("llama.cpp's binaries not built: python3 scripts/build_llama_examples.py")
+    port = free_port()
+    server = subprocess.Popen(
+        [str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        endpoint = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                check_server(parse_endpoints(endpoint)[0], timeout_s=2)
+                break
+            except RpcError:
+                assert time.monotonic() < deadline, "the rpc-server binary did not come up"
+                time.sleep(0.2)
+        config = GenerationConfig(max_tokens=24)
+        with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=512)) as local:
+            expected = local.generate(PROMPTS[2], config, draft_mode="none").token_ids
+        cfg = EngineConfig(n_ctx=512, rpc_servers=(endpoint,))
+        with EdgeSpec(target_path, draft_path, config=cfg) as remote:
+            assert remote.generate(PROMPTS[2], config, draft_mode="auto").token_ids == expected
+    finally:
+        server.terminate()
+        server.wait(30)
