@@ -11,7 +11,16 @@ The engine's names load lazily, so the pure modules (sampling, verify) import wi
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
+
+# llama.cpp's native libraries load before numpy's extension modules. On the CUDA build of the
+# GPU check (H200, CUDA 13.0), loading any model crashed in libllama's std::regex when numpy
+# had been imported first, and worked with llama.cpp imported first
+# (bench/results/issue17-gpu-check-h200/run3). Where llama-cpp-python is not installed, the
+# pure modules (sampling, verify) still import without it.
+if importlib.util.find_spec("llama_cpp") is not None:
+    from .backend import runtime as _runtime  # noqa: F401
 
 from .errors import (
     ContextOverflowError,
