@@ -18,17 +18,15 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig  # noqa: E402
-from edge_spec.backend.rpc import check_server, parse_endpoints  # noqa: E402
+from edge_spec.backend.rpc import parse_endpoints, wait_for_server  # noqa: E402
 from edge_spec.bench.delay_proxy import DelayProxy  # noqa: E402
 from edge_spec.bench.prompts import load_prompts  # noqa: E402
-from edge_spec.errors import RpcError  # noqa: E402
 from edge_spec.models import choose_pair  # noqa: E402
 
 
@@ -58,15 +56,7 @@ def start_servers(n: int, threads: int) -> tuple[list[subprocess.Popen], list[in
         for p in ports
     ]
     for p in ports:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                check_server(parse_endpoints(f"127.0.0.1:{p}")[0], timeout_s=2)
-                break
-            except RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_for_server(parse_endpoints(f"127.0.0.1:{p}")[0])
     return procs, ports
 
 

@@ -16,7 +16,13 @@ from contextlib import ExitStack
 
 import pytest
 
-from edge_spec.backend.rpc import RpcError, check_server, parse_endpoints, supports_rpc
+from edge_spec.backend.rpc import (
+    RpcError,
+    check_server,
+    parse_endpoints,
+    supports_rpc,
+    wait_for_server,
+)
 from edge_spec.errors import InvalidRequestError
 
 PROMPTS = [
@@ -102,16 +108,8 @@ def servers() -> Iterator[tuple[str, str]]:
         for p in ports
     ]
     endpoints = [f"127.0.0.1:{p}" for p in ports]
-    deadline = time.monotonic() + 60
     for endpoint in endpoints:
-        while True:
-            try:
-                check_server(parse_endpoints(endpoint)[0], timeout_s=2)
-                break
-            except RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_for_server(parse_endpoints(endpoint)[0])
     yield endpoints[0], endpoints[1]
     for proc in procs:
         proc.terminate()
@@ -172,14 +170,7 @@ def test_a_server_killed_mid_generation_ends_the_request_with_one_clear_line(
     endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
     try:
         for p in ports:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    check_server(parse_endpoints(f"127.0.0.1:{p}")[0], timeout_s=2)
-                    break
-                except RpcError:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.2)
+            wait_for_server(parse_endpoints(f"127.0.0.1:{p}")[0])
         client = subprocess.Popen(
             [
                 sys.executable,
@@ -329,14 +320,7 @@ def test_greedy_through_a_network_namespace_equals_the_local_target(
         )
         try:
             endpoint = parse_endpoints(f"{ns.ns_ip}:{port}")[0]
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    check_server(endpoint, timeout_s=2)
-                    break
-                except RpcError:
-                    assert time.monotonic() < deadline, "the rpc-server did not come up"
-                    time.sleep(0.2)
+            wait_for_server(endpoint)
             with ExitStack() as stack:
                 address = str(endpoint)
                 if delay_ms and not ns.netem:
@@ -371,14 +355,7 @@ def test_llama_cpps_own_rpc_server_binary_serves_the_target_too(target_path, dra
     )
     try:
         endpoint = f"127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                check_server(parse_endpoints(endpoint)[0], timeout_s=2)
-                break
-            except RpcError:
-                assert time.monotonic() < deadline, "the rpc-server binary did not come up"
-                time.sleep(0.2)
+        wait_for_server(parse_endpoints(endpoint)[0])
         config = GenerationConfig(max_tokens=24)
         with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=512)) as local:
             expected = local.generate(PROMPTS[2], config, draft_mode="none").token_ids

@@ -16,6 +16,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass
 
 import llama_cpp
@@ -103,6 +104,20 @@ def check_server(endpoint: RpcEndpoint, timeout_s: float = CONNECT_TIMEOUT_S) ->
             f"{RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}: run an rpc-server of the same llama.cpp"
         )
     return major, minor, patch
+
+
+def wait_for_server(endpoint: RpcEndpoint, timeout_s: float = 60.0) -> None:
+    """Until an rpc-server that is starting answers check_server; its last RpcError once
+    timeout_s has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            check_server(endpoint, timeout_s=2)
+            return
+        except RpcError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 # ggml's device registry (libggml); the RPC backend's own functions come through its registry.
