@@ -329,8 +329,18 @@ def run(
     fa: bool = False,
     tests_timeout_s: float = 300,
     cmake_extra: tuple[str, ...] = (),
+    budget_s: float | None = None,
+    gdb: bool = False,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + budget_s if budget_s else None
+
+    def left(cap_s: float) -> float:
+        """A step's timeout: its cap, or what the whole run has left if that is less."""
+        if deadline is None:
+            return cap_s
+        return max(10.0, min(cap_s, deadline - time.monotonic() - 5))
+
     if not (directory / SOURCE_NAME).is_file() or not (directory / MODEL_NAME).is_file():
         raise SystemExit(f"{directory} holds no pack: run `python3 scripts/gpu_check.py pack`")
     work = Path(tempfile.mkdtemp(prefix="edge_spec_gpu_"))
@@ -377,34 +387,7 @@ def run(
     if not dry and not report["gpu_offload"]:
         raise SystemExit("the CUDA build cannot offload: " + report["system_info"])
 
-    report["loads"] = probe_loads(env, out, python, target)
-    save(report, out)
-
-    test_env = dict(env, EDGE_SPEC_TEST_TARGET=str(target), EDGE_SPEC_TEST_DRAFT=str(draft))
-    junit = out / "tests.xml"
-    rc, stdout, text = child(
-        test_env,
-        out,
-        "tests",
-        [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-s",
-            f"--junitxml={junit}",
-            TESTS,
-        ],
-        tests_timeout_s,
-    )
-    report["tests"] = {"returncode": rc, **junit_counts(junit)}
-    report["tests"]["exactness"] = [
-        json.loads(line.split("exactness report: ", 1)[1])
-        for line in text.splitlines()
-        if "exactness report: " in line
-    ]
+    report["loads"] = probe_loads(env, out, python, target, gdb)
     save(report, out)
 
     profile_cmd = [
@@ -420,7 +403,7 @@ def run(
         "--refresh",
         "--json",
     ]
-    rc, stdout, text = child(env, out, "profile", profile_cmd, 150)
+    rc, stdout, text = child(env, out, "profile", profile_cmd, left(150))
     if rc == 0:
         measured = json.loads(stdout)
         shutil.copy(measured["path"], out / "profile.json")
@@ -433,6 +416,35 @@ def run(
         report["profile"] = {"returncode": rc, "error": text[-2000:]}
 
     save(report, out)
+
+    test_env = dict(env, EDGE_SPEC_TEST_TARGET=str(target), EDGE_SPEC_TEST_DRAFT=str(draft))
+    junit = out / "tests.xml"
+    rc, stdout, text = child(
+        test_env,
+        out,
+        "tests",
+        [
+            python,
+            "-c",
+            # llama.cpp's libraries before numpy, as edge_spec's own import does: the test
+            # module imports numpy first (see LOADS below)
+            "import sys, llama_cpp, pytest; sys.exit(pytest.main(sys.argv[1:]))",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-s",
+            f"--junitxml={junit}",
+            TESTS,
+        ],
+        left(tests_timeout_s),
+    )
+    report["tests"] = {"returncode": rc, **junit_counts(junit)}
+    report["tests"]["exactness"] = [
+        json.loads(line.split("exactness report: ", 1)[1])
+        for line in text.splitlines()
+        if "exactness report: " in line
+    ]
+    save(report, out)
     ok = report["tests"]["returncode"] == 0 and report["profile"]["returncode"] == 0
     print(summary(report))
     shutil.rmtree(work, ignore_errors=True)
@@ -441,20 +453,17 @@ def run(
 
 # One model load and a short decode, several ways: where the tests crash, which way does not.
 LOADS = {
+    # edge_spec's import loads llama.cpp's libraries before numpy (edge_spec/__init__.py): the
+    # first CUDA runs here (H200, CUDA 13.0) crashed in the vocabulary's std::regex inside
+    # libllama, with the crashing frame in libggml-cuda, whenever numpy was loaded first, while
+    # llama-cpp-python's own Llama() (which loads the libraries first) loaded and generated.
     "edge_spec_all_layers": (
         "from edge_spec.backend import LlamaModel; m = LlamaModel(sys.argv[1], n_ctx=256); "
         "print(m.decode([1, 2, 3], [2]).shape)"
     ),
-    "edge_spec_no_offload": (
-        "from edge_spec.backend import LlamaModel; m = LlamaModel(sys.argv[1], n_ctx=256, "
-        "n_gpu_layers=0); print(m.decode([1, 2, 3], [2]).shape)"
-    ),
-    # The same as the first with llama.cpp's libraries loaded before numpy and edge_spec: the
-    # first CUDA run here (H200, CUDA 13.0) crashed in the vocabulary's std::regex inside
-    # libllama with the crashing frame in libggml-cuda, while llama-cpp-python's own Llama()
-    # (which loads the libraries first) loaded and generated: a library-order hypothesis.
-    "edge_spec_llama_cpp_first": (
-        "import llama_cpp; from edge_spec.backend import LlamaModel; "
+    # The order a user's script may have: numpy first, then edge_spec.
+    "numpy_then_edge_spec": (
+        "import numpy; from edge_spec.backend import LlamaModel; "
         "m = LlamaModel(sys.argv[1], n_ctx=256); print(m.decode([1, 2, 3], [2]).shape)"
     ),
     "llama_cpp_python_all_layers": (
@@ -464,20 +473,20 @@ LOADS = {
 }
 
 
-def probe_loads(env: dict, out: Path, python: str, target: Path) -> dict:
-    """Each way of loading in its own process; the first that crashes is rerun under cuda-gdb
-    (where the machine has it) for a native backtrace in out/<way>.gdb.log."""
+def probe_loads(env: dict, out: Path, python: str, target: Path, gdb: bool) -> dict:
+    """Each way of loading in its own process; with gdb, the first that crashes is rerun under
+    cuda-gdb (where the machine has it) for a native backtrace in out/<way>.gdb.log."""
     results = {}
     for name, code in LOADS.items():
         cmd = [python, "-X", "faulthandler", "-c", "import sys; " + code, str(target)]
         rc, _, text = child(env, out, f"load_{name}", cmd, 120)
         results[name] = {"returncode": rc, "tail": text.strip().splitlines()[-3:]}
     crashed = [n for n, r in results.items() if r["returncode"] < 0]
-    gdb = shutil.which("cuda-gdb") or shutil.which("gdb")
-    if crashed and gdb:
+    debugger = shutil.which("cuda-gdb") or shutil.which("gdb")
+    if crashed and gdb and debugger:
         code = "import sys; " + LOADS[crashed[0]]
         cmd = [
-            gdb,
+            debugger,
             "-batch",
             "-ex",
             "run",
@@ -544,11 +553,26 @@ def main() -> None:
     r.add_argument("--fa", action="store_true", help="also build FlashAttention kernels")
     r.add_argument("--tests-timeout", type=float, default=300, help="seconds (default 300)")
     r.add_argument("--cmake-arg", action="append", default=[], help="one more CMake flag")
+    r.add_argument(
+        "--budget", type=float, help="seconds for the whole run: later steps get what is left"
+    )
+    r.add_argument("--gdb", action="store_true", help="rerun the first crashing load under gdb")
     opts = ap.parse_args()
     if opts.command == "pack":
         pack(opts.dir)
         return
-    sys.exit(run(opts.dir, opts.out, opts.dry, opts.fa, opts.tests_timeout, tuple(opts.cmake_arg)))
+    sys.exit(
+        run(
+            opts.dir,
+            opts.out,
+            opts.dry,
+            opts.fa,
+            opts.tests_timeout,
+            tuple(opts.cmake_arg),
+            opts.budget,
+            opts.gdb,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# edge_spec loads llama.cpp's native libraries before numpy (see edge_spec/__init__.py); the test
+# modules import numpy first, so conftest, which pytest imports before them, imports edge_spec.
+import edge_spec  # noqa: F401, E402
+
 # A draft head this machine trained (edge-spec head train) would change what auto drafts with:
 # the tests see only the heads they train themselves.
 os.environ["EDGE_SPEC_HEADS"] = tempfile.mkdtemp(prefix="edge_spec_heads_")
