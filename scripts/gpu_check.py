@@ -390,6 +390,20 @@ def run(
     report["loads"] = probe_loads(env, out, python, target, gdb)
     save(report, out)
 
+    # How much the logits depend on the batch shape, offloaded and on this build's CPU backend:
+    # the floor under greedy exactness that the tests below assume.
+    report["batch_numerics"] = {}
+    for name, layers in (("offloaded", -1), ("cpu", 0)):
+        numerics = out / f"batch_numerics_{name}.json"
+        script = str(ROOT / "scripts" / "batch_numerics.py")
+        cmd = [python, script, "-m", str(target), "--gpu-layers", str(layers)]
+        cmd += ["--out", str(numerics)]
+        rc, _, text = child(env, out, f"batch_numerics_{name}", cmd, left(60))
+        report["batch_numerics"][name] = (
+            json.loads(numerics.read_text()) if rc == 0 else {"returncode": rc, "tail": text[-500:]}
+        )
+    save(report, out)
+
     profile_cmd = [
         python,
         "-c",
@@ -439,11 +453,7 @@ def run(
         left(tests_timeout_s),
     )
     report["tests"] = {"returncode": rc, **junit_counts(junit)}
-    report["tests"]["exactness"] = [
-        json.loads(line.split("exactness report: ", 1)[1])
-        for line in text.splitlines()
-        if "exactness report: " in line
-    ]
+    report["tests"]["exactness"] = exactness_reports(text)
     save(report, out)
     ok = report["tests"]["returncode"] == 0 and report["profile"]["returncode"] == 0
     print(summary(report))
@@ -500,6 +510,18 @@ def probe_loads(env: dict, out: Path, python: str, target: Path, gdb: bool) -> d
         ]
         child(env, out, f"load_{crashed[0]}.gdb", cmd, 90)
     return results
+
+
+def exactness_reports(text: str) -> list[dict]:
+    """The tests' one-line JSON reports; a line that only quotes one (a failure's log) is not."""
+    reports = []
+    for line in text.splitlines():
+        if "exactness report: " in line:
+            try:
+                reports.append(json.loads(line.split("exactness report: ", 1)[1]))
+            except json.JSONDecodeError:
+                continue
+    return reports
 
 
 def save(report: dict, out: Path) -> None:
