@@ -392,14 +392,13 @@ def run(
 
     # How much the logits depend on the batch shape, offloaded and on this build's CPU backend:
     # the floor under greedy exactness that the tests below assume.
-    report["batch_numerics"] = {}
+    report["batch_invariance"] = {}
     for name, layers in (("offloaded", -1), ("cpu", 0)):
-        numerics = out / f"batch_numerics_{name}.json"
-        script = str(ROOT / "scripts" / "batch_numerics.py")
-        cmd = [python, script, "-m", str(target), "--gpu-layers", str(layers)]
-        cmd += ["--out", str(numerics)]
-        rc, _, text = child(env, out, f"batch_numerics_{name}", cmd, left(60))
-        report["batch_numerics"][name] = (
+        numerics = out / f"batch_invariance_{name}.json"
+        cmd = [python, str(ROOT / "scripts" / "check_batch_invariance.py"), "-m", str(target)]
+        cmd += ["--gpu-layers", str(layers), "--out", str(numerics)]
+        rc, _, text = child(env, out, f"batch_invariance_{name}", cmd, left(90))
+        report["batch_invariance"][name] = (
             json.loads(numerics.read_text()) if rc == 0 else {"returncode": rc, "tail": text[-500:]}
         )
     save(report, out)
