@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     rpc.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     rpc.add_argument("--port", "-p", type=int, default=50052)
     rpc.add_argument("--threads", "-t", type=int, default=None, help="CPU threads")
+    rpc.add_argument(
+        "--mem",
+        help="memory each device offers clients, e.g. 2G (default: what it reports free); "
+        "clients place layers by it, it is not enforced",
+    )
 
     models = sub.add_parser("models", help="list or prepare the registry models")
     msub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
@@ -266,9 +271,13 @@ def _rpc_server(args: argparse.Namespace) -> int:
     from .backend import default_threads
     from .backend.rpc import parse_endpoints, serve_forever
     from .errors import InvalidRequestError
+    from .placement import parse_size
 
     if args.threads is not None and args.threads < 1:
         raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}")
+    mem_bytes = parse_size(args.mem) if args.mem is not None else None
+    if mem_bytes is not None and mem_bytes < 1 << 20:
+        raise InvalidRequestError(f"--mem must be at least 1M, got {args.mem!r}")
     (endpoint,) = parse_endpoints(f"{args.host}:{args.port}")
     if not endpoint.is_loopback:
         print(
@@ -282,7 +291,7 @@ def _rpc_server(args: argparse.Namespace) -> int:
 
     def serve() -> None:
         try:
-            serve_forever(endpoint, args.threads or default_threads())
+            serve_forever(endpoint, args.threads or default_threads(), mem_bytes)
         except BaseException as exc:  # handed to the main thread
             failure.append(exc)
         stopped.set()

@@ -131,6 +131,41 @@ def test_rpc_server_refuses_a_port_in_use(servers) -> None:
 
 @pytest.mark.models
 @needs_rpc
+def test_mem_caps_what_a_server_offers_and_the_planner_refuses_what_does_not_fit(
+    target_path,
+) -> None:
+    """`rpc-server --mem 64M`: its device reports 64 MiB free and total to clients, and a
+    target whose layers need more is refused before llama.cpp loads it (exit 2, one line)."""
+    from edge_spec.backend.rpc import device_memory, rpc_devices
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "edge_spec.cli", "rpc-server", "--port", str(port), "-t", "1"]
+    server = subprocess.Popen(
+        [*cmd, "--mem", "64M"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        endpoint = f"127.0.0.1:{port}"
+        wait_for_server(parse_endpoints(endpoint)[0])
+        reported = device_memory(rpc_devices(parse_endpoints(endpoint)))
+        assert [(free, total) for _, free, total in reported] == [(64 << 20, 64 << 20)]
+        run = subprocess.run(
+            [sys.executable, "-m", "edge_spec.cli", "generate", "-m", str(target_path)]
+            + ["--rpc", endpoint, "--max-tokens", "4", "Hello"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 2, run.stderr
+        assert run.stderr.count("\n") == 1 and "report 64 MiB free" in run.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    bad = subprocess.run([*cmd, "--mem", "lots"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot read a memory size" in bad.stderr
+
+
+@pytest.mark.models
+@needs_rpc
 def test_greedy_over_two_rpc_servers_equals_the_local_target(
     servers, target_path, draft_path
 ) -> None:

@@ -242,10 +242,60 @@ _fn.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
 _fn.ggml_backend_dev_by_type.restype = ctypes.c_void_p
 
 
-def serve_forever(endpoint: RpcEndpoint, n_threads: int) -> None:
+# ggml's device struct (ggml-backend-impl.h of the vendored llama.cpp): an interface of 15
+# function pointers, get_memory the third, then the registry and the context.
+_DEVICE_IFACE = (
+    "get_name",
+    "get_description",
+    "get_memory",
+    "get_type",
+    "get_props",
+    "init_backend",
+    "get_buffer_type",
+    "get_host_buffer_type",
+    "buffer_from_host_ptr",
+    "supports_op",
+    "supports_buft",
+    "offload_op",
+    "event_new",
+    "event_free",
+    "event_synchronize",
+)
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in (*_DEVICE_IFACE, "reg", "context")]
+
+
+_GET_MEMORY = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
+)
+_capped: list[object] = []  # the callbacks llama.cpp holds pointers to
+
+
+def cap_device_memory(dev: int, mem_bytes: int) -> None:
+    """Device `dev` reports at most mem_bytes free and total from now on, in this process: what
+    an rpc-server offers its clients, who place layers by it (the rpc-server binary's old -m).
+    Not a limit on what a client may allocate. The server asks the device of the backend it
+    created, so the device itself is patched (its interface lives in writable memory: the CPU
+    device is a static, GPU devices are allocated); the serving process does nothing else."""
+    device = _Device.from_address(dev)
+    get_memory = _GET_MEMORY(device.get_memory)
+
+    def capped(this: int, free: ctypes._Pointer, total: ctypes._Pointer) -> None:
+        get_memory(this, free, total)
+        free[0], total[0] = min(free[0], mem_bytes), min(total[0], mem_bytes)
+
+    callback = _GET_MEMORY(capped)
+    _capped.extend((get_memory, callback))
+    device.get_memory = ctypes.cast(callback, ctypes.c_void_p).value
+
+
+def serve_forever(endpoint: RpcEndpoint, n_threads: int, mem_bytes: int | None = None) -> None:
     """This process becomes an rpc-server at endpoint, with llama.cpp's own server code (the
-    one its `rpc-server` binary runs): this machine's GPUs, else its CPU. Blocks; llama.cpp
-    serves one client at a time. Raises RpcError when it cannot start."""
+    one its `rpc-server` binary runs): this machine's GPUs, else its CPU, each reporting at most
+    mem_bytes where given. Blocks; llama.cpp serves one client at a time. Raises RpcError when
+    it cannot start."""
     if not supports_rpc():
         raise RpcError("this llama.cpp was built without the RPC backend: rerun bootstrap")
     try:  # llama.cpp only prints "Failed to create server socket": say why first
@@ -259,12 +309,15 @@ def serve_forever(endpoint: RpcEndpoint, n_threads: int) -> None:
         devices = [cpu] if cpu else []
     if not devices:
         raise RpcError("llama.cpp reports no device to serve")
+    if mem_bytes is not None:
+        for dev in devices:
+            cap_device_memory(dev, mem_bytes)
     reg = _fn.ggml_backend_reg_by_name(b"RPC")
     address = _fn.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_start_server")
     if not address:
         raise RpcError("llama.cpp's RPC backend lacks ggml_backend_rpc_start_server")
     array = (ctypes.c_void_p * len(devices))(*devices)
-    log.info("rpc-server on %s: %s", endpoint, [name for name, _, _ in device_memory(devices)])
+    log.info("rpc-server on %s: %s", endpoint, device_memory(devices))
     _START_SERVER(address)(str(endpoint).encode(), None, n_threads, len(devices), array)
     raise RpcError(f"the rpc-server on {endpoint} stopped (see llama.cpp's message above)")
 
