@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from .backend import LlamaModel
 from .chat import choose_template, render_chat
+from .cost_policy import DRAFT_FREE_RISK
 from .drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
 from .drafts.head import HeadDraft
 from .engine import Prefill, Step, run_steps
@@ -555,6 +556,7 @@ class EdgeSpec:
                 k_max=max(k, cfg.k_max),
                 tree_nodes=cfg.tree_nodes,
                 model_prior=self._head_prior() if learned == HEAD else None,
+                risk=DRAFT_FREE_RISK if mode == "ngram" else None,
             )
         return sources, self._policies[key]
 

@@ -34,6 +34,15 @@ NGRAM_MATCH_PRIOR = (0.6, 1.0, 1.4, 1.6, 1.8)
 NGRAM_CONSENSUS_PRIOR: dict[Consensus, float] = {"one": 1.0, "all": 1.2, "split": 0.6}
 
 
+# The risk ledger of the draft-free mode a user picks explicitly (--draft-mode ngram), whose
+# promise is per request (at least 0.95x the target alone on every prompt), tighter than auto's
+# (CostModelK's defaults, 0.5 plain steps + 4 %). Replayed on the recorded T = 0 bench runs
+# (scripts/replay_ngram.py FOLDER --strategy ngram --fitted charge --risk-floor F --risk-rate R
+# --worst 3): chat pair 1.28x overall, slowest prompt 0.937x with the defaults -> 1.25x, 0.959x;
+# default pair 1.59x, 0.945x -> 1.53x, 0.971x.
+DRAFT_FREE_RISK = {"risk_floor": 0.4, "risk_rate": 0.02}
+
+
 @dataclass
 class _Probe:
     """Exponential backoff for re-checking a source that lost: probe after `interval` steps

@@ -13,7 +13,7 @@ online-corrected device cost curve. This module holds the types they share and t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -392,12 +392,14 @@ def make_policy(
     k_max: int,
     tree_nodes: int | None = None,
     model_prior: float | None = None,
+    risk: Mapping[str, float] | None = None,
 ) -> KPolicy:
     """ "fixed": always k tokens from the model draft (else the n-gram lookup), drafts with up
     to tree_nodes branch tokens (default none); "heuristic": +2/-1 from k_start = k (chains
     only); "cost": CostModelK on `costs` (required), branch tokens while they pay, at most
     tree_nodes (default DEFAULT_TREE_NODES), the learned draft's acceptance starting from
-    model_prior where one was measured (a head's held-out acceptance). Raises ValueError."""
+    model_prior where one was measured (a head's held-out acceptance), its risk ledger's
+    risk_floor / risk_rate from `risk` where given (else CostModelK's). Raises ValueError."""
     if name == "fixed":
         return FixedK(min(k, k_max), tree_nodes=tree_nodes or 0)
     if name == "heuristic":
@@ -409,5 +411,5 @@ def make_policy(
 
         tree = DEFAULT_TREE_NODES if tree_nodes is None else tree_nodes
         prior = {"model": model_prior} if model_prior is not None else None
-        return CostModelK(costs, k_max=k_max, prior_alpha=prior, tree_nodes=tree)
+        return CostModelK(costs, k_max=k_max, prior_alpha=prior, tree_nodes=tree, **(risk or {}))
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

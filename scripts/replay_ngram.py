@@ -123,6 +123,7 @@ def main() -> int:
         default="0.5",
         help="CostModelK's risk_floor in plain steps ('none': the ledger off)",
     )
+    ap.add_argument("--risk-rate", type=float, default=0.04, help="CostModelK's risk_rate")
     ap.add_argument(
         "--fitted",
         choices=("charge", "both"),
@@ -173,7 +174,10 @@ def main() -> int:
                 for p in prompts
             }
     prior = None if args.ngram_prior is None else {"ngram": args.ngram_prior}
-    risk = {"risk_floor": None if args.risk_floor == "none" else float(args.risk_floor)}
+    risk = {
+        "risk_floor": None if args.risk_floor == "none" else float(args.risk_floor),
+        "risk_rate": args.risk_rate,
+    }
     policy = CostModelK(curve, k_max=args.k_max, prior_alpha=prior, **risk)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     per_prompt = {}

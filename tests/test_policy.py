@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from edge_spec.cost_policy import CostModelK
+from edge_spec.cost_policy import DRAFT_FREE_RISK, CostModelK
 from edge_spec.estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts
 from edge_spec.policy import (
     PLAIN,
@@ -304,11 +304,9 @@ def test_failing_drafts_cost_at_most_the_allowance_whatever_the_estimates_say() 
     kind (each match length and consensus has its own estimate to disappoint): the request
     loses at most the floor plus the rate of its time, plus one step."""
 
-    def run(risk_floor: float | None) -> tuple[float, float]:
+    def run(risk: dict) -> tuple[float, float]:
         costs = cpu_costs()
-        policy = CostModelK(
-            costs, k_max=8, prior_alpha={"ngram": 0.95}, decay=1.0, risk_floor=risk_floor
-        )
+        policy = CostModelK(costs, k_max=8, prior_alpha={"ngram": 0.95}, decay=1.0, **risk)
         spent_s = 0.0
         for i in range(300):
             match_len = (1, 2, 3, 6, 12)[i % 5]
@@ -322,12 +320,30 @@ def test_failing_drafts_cost_at_most_the_allowance_whatever_the_estimates_say() 
             )
         return spent_s - 300 * costs.t(1), 300 * costs.t(1)
 
-    lost_s, plain_s = run(0.5)
+    lost_s, plain_s = run({"risk_floor": 0.5})
     t1 = cpu_costs().t(1)
     assert lost_s > 0  # it did try
     assert lost_s <= 0.5 * t1 + 0.04 * plain_s + cpu_costs().t(9)
-    unbounded_lost_s, _ = run(None)
+    unbounded_lost_s, _ = run({"risk_floor": None})
     assert unbounded_lost_s > 2 * lost_s  # what the estimates alone would have lost
+    # The draft-free mode's tighter ledger (--draft-mode ngram: a per-request promise).
+    free_lost_s, _ = run(DRAFT_FREE_RISK)
+    assert 0 < free_lost_s <= 0.4 * t1 + 0.02 * plain_s + cpu_costs().t(9)
+    assert free_lost_s < 0.6 * lost_s
+
+
+def test_the_draft_free_ledger_defers_a_requests_first_draft_on_a_cpu_curve() -> None:
+    """0.4 of a step cannot cover a rejected one-token draft where t(2) = 1.4 t(1): the first
+    draft waits until the request's plain steps have earned the rest (2 % of each)."""
+    candidate = NgramCandidate(tuple(range(8)), match_len=6)
+    costs = cpu_costs()
+    policy = CostModelK(costs, k_max=8, prior_alpha={"ngram": 0.9}, **DRAFT_FREE_RISK)
+    steps = 0
+    while policy.plan(("ngram", "none"), 8, candidate) == PLAIN:
+        policy.update(outcome("none", 0, 0, costs))
+        steps += 1
+        assert steps < 20
+    assert steps >= 1
 
 
 # ---- early stop ------------------------------------------------------------------------------
