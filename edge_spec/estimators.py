@@ -192,13 +192,19 @@ class _LogRatio:
 
 _LOG8 = math.log(8.0)
 
+# Per measured step, how far every other batch size's own ratio moves toward the pooled one.
+# The policy measures a size only by choosing it, so without this one step slowed by another
+# process (the first sample of a size sets its ratio) could write that size off for good.
+_FADE = 0.02
+
 
 class OnlineCosts:
     """The profile's CostCurve, corrected online from measured step times so that a stale or
     foreign profile heals: one robust ratio per verify batch size (a size not yet measured
     borrows the nearest smaller measured size's), one for the model draft, and the per-step overhead
     that every option pays (the engine's lookup and planning, timed as draft time of plain
-    steps)."""
+    steps). A size's own ratio fades toward the pooled one while other sizes are measured, so a
+    size misjudged once (a step slowed by another process) is chosen and measured again."""
 
     def __init__(self, profile: CostCurve, n_sizes: int) -> None:
         self.profile = profile
@@ -252,6 +258,10 @@ class OnlineCosts:
         if n < len(self._verify):
             self._verify[n].observe(outcome.verify_s, predicted, self._log_ratio(n))
         self._verify_all.observe(outcome.verify_s, predicted)
+        pooled = self._verify_all.value
+        for m, ratio in enumerate(self._verify):
+            if m != n and ratio.n:
+                ratio.value += _FADE * (pooled - ratio.value)
         if outcome.source == "none":
             # Bounded: at most a tenth of a plain step, so one slow call cannot poison plans.
             sample = min(max(outcome.draft_s, 0.0), 0.1 * self.t(1))

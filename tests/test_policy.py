@@ -510,3 +510,16 @@ def test_online_costs_heal_a_stale_profile_and_shrug_off_outliers() -> None:
     assert costs.t(1) < 1.1 * before
     costs.observe(outcome("none", 0, 0, profile, verify_s=float("nan")), n_fresh=1)
     assert math.isfinite(costs.t(1))
+
+
+def test_a_batch_size_misjudged_once_heals_while_other_sizes_are_measured() -> None:
+    # One k = 1 step slowed fourfold by another process: its ratio is clipped to 2x at first,
+    # and fades back toward the pooled ratio as plain steps at the profile's speed come in.
+    profile = CostCurve((10 * MS, 14 * MS, 16 * MS), draft_token_s=5 * MS)
+    costs = OnlineCosts(profile, n_sizes=9)
+    costs.observe(outcome("ngram", 1, 0, profile, verify_s=56 * MS), n_fresh=1)
+    assert costs.t(2) > 1.9 * profile.t(2)
+    for _ in range(150):
+        costs.observe(outcome("none", 0, 0, profile), n_fresh=1)
+    assert costs.t(1) == pytest.approx(profile.t(1), rel=0.02)
+    assert costs.t(2) == pytest.approx(profile.t(2), rel=0.1)
