@@ -328,13 +328,13 @@ def test_failing_drafts_cost_at_most_the_allowance_whatever_the_estimates_say() 
     assert unbounded_lost_s > 2 * lost_s  # what the estimates alone would have lost
     # The draft-free mode's tighter ledger (--draft-mode ngram: a per-request promise).
     free_lost_s, _ = run(DRAFT_FREE_RISK)
-    assert 0 < free_lost_s <= 0.4 * t1 + 0.02 * plain_s + cpu_costs().t(9)
-    assert free_lost_s < 0.6 * lost_s
+    assert 0 < free_lost_s <= 0.04 * plain_s + cpu_costs().t(9)
 
 
 def test_the_draft_free_ledger_defers_a_requests_first_draft_on_a_cpu_curve() -> None:
-    """0.4 of a step cannot cover a rejected one-token draft where t(2) = 1.4 t(1): the first
-    draft waits until the request's plain steps have earned the rest (2 % of each)."""
+    """With no floor, a rejected one-token draft (t(2) = 1.4 t(1)) must be covered by the
+    request's own plain steps (4 % of each): the first draft waits about ten of them, so an
+    answer shorter than that never drafts."""
     candidate = NgramCandidate(tuple(range(8)), match_len=6)
     costs = cpu_costs()
     policy = CostModelK(costs, k_max=8, prior_alpha={"ngram": 0.9}, **DRAFT_FREE_RISK)
@@ -343,7 +343,7 @@ def test_the_draft_free_ledger_defers_a_requests_first_draft_on_a_cpu_curve() ->
         policy.update(outcome("none", 0, 0, costs))
         steps += 1
         assert steps < 20
-    assert steps >= 1
+    assert steps >= 8
 
 
 # ---- early stop ------------------------------------------------------------------------------
