@@ -4,6 +4,8 @@
 Each block in README.md between `<!-- bench: FOLDER T=TEMP -->` and `<!-- /bench -->` is
 replaced by a table built from FOLDER/results.json: one row per category, one column per
 strategy (speed over the target alone, 95% interval), and the tokens/s of every entry overall.
+`<!-- bench: FOLDER T=TEMP only=auto,none -->` keeps the listed strategies (a run whose other
+entries a later run superseded).
 
     python3 scripts/update_readme_results.py          # rewrite README.md in place
     python3 scripts/update_readme_results.py --check  # exit 1 if README.md is out of date
@@ -19,17 +21,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(
-    r"(<!-- bench: (?P<folder>\S+) T=(?P<temp>[0-9.]+) -->\n)(?P<body>.*?)(<!-- /bench -->)",
+    r"(<!-- bench: (?P<folder>\S+) T=(?P<temp>[0-9.]+)(?: only=(?P<only>[\w,.-]+))? -->\n)"
+    r"(?P<body>.*?)(<!-- /bench -->)",
     re.DOTALL,
 )
 
 
-def table(folder: Path, temperature: float) -> str:
+def table(folder: Path, temperature: float, only: str | None = None) -> str:
     record = json.loads((folder / "results.json").read_text())
     rows = [s for s in record["summaries"] if s["temperature"] == temperature]
     if not rows:
         raise SystemExit(f"{folder}: no results at T={temperature:g}")
     strategies = list(dict.fromkeys(s["strategy"] for s in rows if s["strategy"] != "target"))
+    if only:
+        strategies = [s for s in strategies if s in only.split(",")]
     categories = list(dict.fromkeys(s["category"] for s in rows))
     cell = {(s["category"], s["strategy"]): s for s in rows}
     aggregates = {"all"} | {run["kind"] for run in record["runs"]}  # rows over many categories
@@ -74,8 +79,8 @@ def main() -> int:
     text = readme.read_text()
 
     def render(m: re.Match[str]) -> str:
-        body = table(ROOT / m["folder"], float(m["temp"]))
-        return m.group(1) + body + m.group(5)
+        body = table(ROOT / m["folder"], float(m["temp"]), m["only"])
+        return m.group(1) + body + m.group(6)
 
     new = BLOCK.sub(render, text)
     if args.check:
