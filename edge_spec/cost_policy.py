@@ -38,7 +38,7 @@ NGRAM_CONSENSUS_PRIOR: dict[Consensus, float] = {"one": 1.0, "all": 1.2, "split"
 # promise is per request (at least 0.95x the target alone on every prompt): no floor, so at
 # any point of a request at most 4 % of its plain time so far is at risk, however short the
 # answer (auto keeps CostModelK's defaults, half a plain step + 4 %: a rejected first draft
-# cost a 9-token answer 4-7 % in a default-pair bench). Replayed on the recorded T = 0 runs
+# cost 5-11-token answers 4-8 % in a default-pair bench). Replayed on the recorded T = 0 runs
 # (scripts/replay_ngram.py FOLDER --strategy ngram --fitted charge --risk-floor F --risk-rate R)
 # this keeps 1.42x of 1.48x overall on the default pair and 1.27x of 1.30x on the chat pair.
 DRAFT_FREE_RISK = {"risk_floor": 0.0, "risk_rate": 0.04}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(
-    r"(<!-- bench: (?P<folder>\S+) T=(?P<temp>[0-9.]+)(?: only=(?P<only>[\w,.-]+))? -->\n)"
-    r"(?P<body>.*?)(<!-- /bench -->)",
+    r"(?P<head><!-- bench: (?P<folder>\S+) T=(?P<temp>[0-9.]+)(?: only=(?P<only>[\w,.-]+))? -->\n)"
+    r"(?P<body>.*?)(?P<end><!-- /bench -->)",
     re.DOTALL,
 )
 
@@ -34,7 +34,8 @@ def table(folder: Path, temperature: float, only: str | None = None) -> str:
         raise SystemExit(f"{folder}: no results at T={temperature:g}")
     strategies = list(dict.fromkeys(s["strategy"] for s in rows if s["strategy"] != "target"))
     if only:
-        strategies = [s for s in strategies if s in only.split(",")]
+        keep = only.split(",")
+        strategies = [s for s in strategies if s in keep]
     categories = list(dict.fromkeys(s["category"] for s in rows))
     cell = {(s["category"], s["strategy"]): s for s in rows}
     aggregates = {"all"} | {run["kind"] for run in record["runs"]}  # rows over many categories
@@ -80,7 +81,7 @@ def main() -> int:
 
     def render(m: re.Match[str]) -> str:
         body = table(ROOT / m["folder"], float(m["temp"]), m["only"])
-        return m.group(1) + body + m.group(6)
+        return m["head"] + body + m["end"]
 
     new = BLOCK.sub(render, text)
     if args.check:
