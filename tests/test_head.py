@@ -180,3 +180,23 @@ def test_head_show_prints_what_it_was_trained_on(smollm2_path: Path, trained_hea
     shown = json.loads(run.stdout)
     assert shown["n_train_rows"] == trained_head.n_train_rows
     assert len(shown["eagle"]["conditional"]) == 4
+
+
+@pytest.mark.models
+def test_the_held_out_set_is_collected_whole_whatever_the_budget(
+    smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget already spent still collects every held-out prompt (the evaluation must not
+    depend on how loaded the machine was), and stops taking training prompts."""
+    from edge_spec.headtrain import data as data_mod
+
+    monkeypatch.setattr(data_mod, "MAX_NEW_TOKENS", 8)
+    monkeypatch.setattr(data_mod, "N_PARALLEL", 4)
+    data_mod.collect(
+        smollm2_path, tmp_path, max_rows=10**6, deadline=lambda n_rows: 0.0, eval_prompts=3
+    )
+    train, held = data_mod.load(tmp_path)
+    assert len(held.starts) - 1 == 3
+    # Only what ran beside the held-out prompts (a slot freed early by an end token takes one
+    # more), not the hundreds of training prompts.
+    assert 0 < len(train.starts) - 1 <= 8

@@ -106,8 +106,8 @@ def collect(
     eval_prompts: int = EVAL_PROMPTS,
 ) -> None:
     """Collect until the work directory holds max_rows training rows (besides the held-out
-    evaluation set) or time.monotonic() passes deadline(training rows so far). Resumes from
-    existing shards."""
+    evaluation set) or time.monotonic() passes deadline(training rows so far); the held-out set
+    is always collected whole first. Resumes from existing shards."""
     work_dir.mkdir(parents=True, exist_ok=True)
     done, rows = _done(work_dir)
     on_rows(rows)
@@ -120,12 +120,17 @@ def collect(
         for i, p in enumerate(train)
     ]
     todo = [(i, p, t) for i, p, t in plan if i not in done]
-    if not todo or time.monotonic() >= deadline(rows):
+    # The held-out set is collected whole, whatever the budget: an evaluation on a part of it
+    # would depend on how loaded the machine was (it is small and runs beside training rows).
+    held_left = sum(1 for i, _, _ in todo if i < 0)
+    if not todo or (held_left == 0 and time.monotonic() >= deadline(rows)):
         return
     tokens = prompt_tokens(target_path, [p for _, p, _ in todo])
     n_rows = rows
 
     def stop() -> bool:
+        if held_left > 0:
+            return False
         return n_rows >= max_rows or time.monotonic() >= deadline(n_rows)
 
     with FeatureCollector(target_path, n_parallel=N_PARALLEL, n_threads=n_threads) as collector:
@@ -140,6 +145,8 @@ def collect(
                 if seq.prompt_index >= 0:
                     n_rows += len(seq.tokens)
                     on_rows(n_rows)
+                else:
+                    held_left -= 1
                 if len(pending) == SHARD_SEQUENCES:
                     _write_shard(work_dir, pending, greedy=temperature == 0.0)
                     pending = []
