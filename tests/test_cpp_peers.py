@@ -111,6 +111,7 @@ def test_peer_command_speculative_greedy() -> None:
         "-t 2",
         "-s 7",
         "--temp 0.0 --top-k 1",
+        "--flash-attn auto",
     ):
         assert part in joined
 
@@ -189,6 +190,11 @@ def test_run_cpp_peer_with_stand_in_binary(tmp_path: Path) -> None:
     assert run.text.startswith(" Wednesday, Thursday")
     assert run.settings.k == 4 and run.settings.draft_path == "d.gguf"
     assert run.command[0] == str(bin_dir / "llama-speculative-simple")
+    # As the engine: flash attention off where nothing can be offloaded (this CPU build).
+    from edge_spec.backend import supports_gpu_offload
+
+    flash = run.command[run.command.index("--flash-attn") + 1]
+    assert flash == ("auto" if supports_gpu_offload() else "off")
 
 
 def test_credited_tokens_count_only_timed_tokens_up_to_the_request() -> None:

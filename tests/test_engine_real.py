@@ -210,10 +210,13 @@ def test_token_tree_rows_equal_each_branch_decoded_as_a_chain(target_path) -> No
         model.reset()
         model.decode(prompt[:-1])
         rows = model.decode_tree(tokens, parents).copy()
+        # Without flash attention (off on a CPU, backend/model.py) a branch whose ancestors are
+        # not the cells just before it sums its attention in another order: its rows move by
+        # batching noise (up to 0.11 seen on Gemma F16); the trunk's rows are bit-identical.
         for row, (branch, i) in enumerate(branch_of_row):
             expected = chains[tuple(branch)][i]
             assert int(np.argmax(rows[row])) == int(np.argmax(expected)), row
-            assert float(np.abs(rows[row] - expected).max()) < 0.05, row
+            assert float(np.abs(rows[row] - expected).max()) < 0.25, row
         # A sibling's row is far from it: the comparison can tell branches apart.
         assert float(np.abs(rows[4] - chains[tuple(a)][2]).max()) > 1.0
 
@@ -289,3 +292,17 @@ def test_stats_are_consistent(spec: EdgeSpec) -> None:
     assert sum(s.drafted_by_source.values()) == s.n_drafted
     assert sum(s.accepted_by_source.values()) == s.n_accepted
     assert result.text == spec.target.detokenize(result.token_ids)
+
+
+def test_flash_attention_is_off_when_every_layer_is_on_the_cpu() -> None:
+    """llama.cpp's CPU flash attention makes a verify batch of n tokens read the KV cache n
+    times (scripts/measure_flash_attn.py): off without offload, llama.cpp's auto with it, and
+    an explicit choice wins."""
+    import llama_cpp
+
+    from edge_spec.backend.model import _flash_attn_type
+
+    assert _flash_attn_type(None, 0) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    assert _flash_attn_type(None, -1) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    assert _flash_attn_type(True, 0) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    assert _flash_attn_type(False, -1) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

@@ -62,6 +62,10 @@ class CppPeerSettings:
     k: int
     temperature: float
     seed: int
+    # llama.cpp's --flash-attn: "off" where the engine runs on the CPU alone, as the engine
+    # does (its CPU kernel makes a verify batch of n tokens read the KV cache n times,
+    # backend/model.py), else "auto", llama.cpp's default.
+    flash_attn: Literal["on", "off", "auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ def peer_command(
     cmd += ["--spec-draft-n-max", str(s.k)]
     cmd += ["-f", str(prompt_file), "-n", str(s.n_predict), "-c", str(s.n_ctx)]
     cmd += ["-t", str(s.threads), "-tb", str(s.threads), "-s", str(s.seed)]
+    cmd += ["--flash-attn", s.flash_attn]
     cmd += ["--temp", repr(float(s.temperature))]
     if s.temperature <= 0.0:
         cmd += ["--top-k", "1"]
@@ -208,6 +213,8 @@ def run_cpp_peer(
     if n_predict < 1 or draft_n < 0 or threads < 1 or n_ctx < 1:
         raise CppPeerError("need n_predict >= 1, draft_n >= 0, threads >= 1 and n_ctx >= 1")
     folder = find_bin_dir(bin_dir)
+    from ..backend import supports_gpu_offload
+
     settings = CppPeerSettings(
         target_path=str(target_path),
         draft_path=str(draft_path) if kind == "speculative" and draft_path else None,
@@ -217,6 +224,7 @@ def run_cpp_peer(
         k=draft_n,
         temperature=float(temperature),
         seed=seed,
+        flash_attn="auto" if supports_gpu_offload() else "off",
     )
     with tempfile.TemporaryDirectory(prefix="edge_spec_peer_") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
