@@ -58,9 +58,8 @@ def main() -> int:
             t = curve(path, flash_attn, n_context, args.repeats)
             ratios = " ".join(f"{t[n] / t[1]:.2f}" for n in SIZES)
             state = "on " if flash_attn else "off"
-            print(
-                f"context {n_context:>5}, flash attention {state}: t(1) {t[1] * 1e3:.1f} ms, {ratios}"
-            )
+            head = f"context {n_context:>5}, flash attention {state}"
+            print(f"{head}: t(1) {t[1] * 1e3:.1f} ms, {ratios}")
     return 0
 
 
