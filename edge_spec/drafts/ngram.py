@@ -33,11 +33,20 @@ from .base import Draft, KeepDrafting
 
 MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
 N_RECENT = 16  # occurrences kept per n-gram
-# What an index holds in memory, estimated from above: per distinct n-gram and per token kept
-# (measured with tracemalloc on real text, ~180 B/token, and on random tokens over 50 and 49k
-# ids, 345 and 760 B/token; the estimate is at or above all three: tests/test_engine_fake.py).
-KEY_BYTES = 210
-TOKEN_BYTES = 220
+# Longer n-grams indexed besides 1..max_ngram. A short n-gram's 16 most recent occurrences
+# often miss the place a copy comes from (in code, "    return self" recurs on every other
+# line); an 8-gram's rarely do. Replayed on the agentic bench's sessions
+# (scripts/replay_ngram.py FOLDER --strategy ngram): 2.38x -> 2.44x, retrieval 2.90x -> 3.20x;
+# neutral on the 48-prompt benches of both pairs.
+LONG_NGRAMS = (8, 16)
+# What an index holds in memory, estimated from above: per distinct n-gram, per token of the
+# n-grams' keys, per occurrence recorded (one per token and n-gram length) and per token kept.
+# Fitted with tracemalloc on random tokens over 50 and 49k ids (1.18-1.25x the allocation) and
+# checked on real text (scripts/measure_session_index.py; the random-token bounds are a test).
+KEY_BYTES = 220
+KEY_TOKEN_BYTES = 8
+OCCURRENCE_BYTES = 60
+TOKEN_BYTES = 8
 
 
 class NgramDraft:
@@ -133,10 +142,12 @@ class NgramIndex:
 
     def __init__(self, max_ngram: int, session_tokens: int = 0) -> None:
         self.max_ngram = max_ngram
+        self.sizes = ngram_sizes(max_ngram)
         self.session_tokens = session_tokens
         self._docs: list[list[int]] = [[]]  # earlier documents, then the live one (last)
         self._first = 0  # id of self._docs[0] (ids grow; old documents are dropped)
         self._ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}  # -> [(doc id, end)]
+        self._key_tokens = 0  # the keys' lengths summed
         self._context: Sequence[int] | None = None  # the sequence the live document follows
 
     @property
@@ -148,8 +159,13 @@ class NgramIndex:
         return sum(map(len, self._docs))
 
     def bytes_estimate(self) -> int:
-        """Its memory, estimated from above (KEY_BYTES per n-gram, TOKEN_BYTES per token)."""
-        return KEY_BYTES * len(self._ends) + TOKEN_BYTES * self.n_tokens
+        """Its memory, estimated from above (the constants' comment)."""
+        n_tokens = self.n_tokens
+        return (
+            KEY_BYTES * len(self._ends)
+            + KEY_TOKEN_BYTES * self._key_tokens
+            + (OCCURRENCE_BYTES * len(self.sizes) + TOKEN_BYTES) * n_tokens
+        )
 
     def shrink(self, max_bytes: int) -> None:
         """Drop the oldest documents, but the live one, while over max_bytes."""
@@ -161,6 +177,7 @@ class NgramIndex:
         self._context = None
         if self.session_tokens <= 0:
             self._docs, self._first, self._ends = [[]], 0, {}
+            self._key_tokens = 0
             return
         if not self._live:  # nothing indexed yet: keep using it
             return
@@ -176,6 +193,7 @@ class NgramIndex:
             for key, ends in self._ends.items()
             if (kept := [(d, e) for d, e in ends if d >= self._first])
         }
+        self._key_tokens = sum(map(len, self._ends))
 
     def lookup(
         self, context: Sequence[int], k: int, min_ngram: int, branches: bool = False
@@ -193,15 +211,23 @@ class NgramIndex:
         doc = self._first + len(self._docs) - 1
         # Index every n-gram ending before the last position: the suffix itself must not match.
         for end in range(n_seen + 1, n_ctx):
-            for n in range(1, min(self.max_ngram, end) + 1):
-                ends = self._ends.setdefault(tuple(context[end - n : end]), [])
+            for n in self.sizes:
+                if n > end:
+                    break
+                key = tuple(context[end - n : end])
+                ends = self._ends.get(key)
+                if ends is None:
+                    ends = self._ends[key] = []
+                    self._key_tokens += n
                 ends.append((doc, end))
                 if len(ends) > N_RECENT:
                     del ends[0]
         live.extend(context[n_seen : n_ctx - 1])
         if k <= 0:
             return NO_MATCH
-        for n in range(min(self.max_ngram, n_ctx - 1), min_ngram - 1, -1):
+        for n in reversed(self.sizes):
+            if n > n_ctx - 1 or n < min_ngram:
+                continue
             ends = self._ends.get(tuple(context[n_ctx - n :]))
             if ends:
                 scored = [self._scored(d, e, context, n) for d, e in reversed(ends)]
@@ -311,7 +337,9 @@ def lookup(
     docs = [np.asarray(d, dtype=np.int64) for d in history]
     ids = np.asarray(context, dtype=np.int64)
     docs.append(ids[:-1])
-    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
+    for n in reversed(ngram_sizes(max_ngram)):
+        if n > n_ctx - 1 or n < min_ngram:
+            continue
         pattern = ids[-n:]
         hits = []  # (doc, end) in order of recency
         for d, doc in enumerate(docs):
@@ -334,6 +362,11 @@ def lookup(
                 forks = _branches(newest_first, len(recent) - 1 - best, tokens, k)
             return NgramCandidate(tokens, match, len(recent), agreeing, forks)
     return NO_MATCH
+
+
+def ngram_sizes(max_ngram: int) -> tuple[int, ...]:
+    """The n-gram lengths indexed, ascending: 1..max_ngram and the LONG_NGRAMS beyond it."""
+    return tuple(range(1, max_ngram + 1)) + tuple(n for n in LONG_NGRAMS if n > max_ngram)
 
 
 def _full(d: int, docs: list[np.ndarray], ids: np.ndarray) -> np.ndarray:
