@@ -110,7 +110,11 @@ class GenerationConfig:
     # A fixed draft length; giving it without a policy means the fixed policy. None: adaptive
     # (the fixed and heuristic policies then start from DEFAULT_K).
     k: int | None = None
-    k_max: int = 16  # the adaptive policies' cap (the profile measures t(n) up to n = 16)
+    # The adaptive policies' cap. The profile measures t(n) up to n = 16; longer batches are
+    # extrapolated from its last two points and corrected online once chosen. Long copies
+    # (an agent re-emitting a file) pay up to 32: replayed on the agentic sessions 2.44x ->
+    # 2.56x (scripts/replay_ngram.py FOLDER --k-max 32), neutral on the 48-prompt benches.
+    k_max: int = 32
     # Token trees: the most branch tokens an n-gram draft may add (the cost policy adds them
     # while they pay; the fixed policy adds as many as the lookup offers). None: 8 under the
     # cost policy, 0 (chains only) under the others.

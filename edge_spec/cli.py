@@ -67,7 +67,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--k", type=int, default=None, help="a fixed draft length (implies --policy fixed)"
     )
-    parser.add_argument("--k-max", type=int, default=16, help="cap for the adaptive policies")
+    parser.add_argument("--k-max", type=int, default=32, help="cap for the adaptive policies")
     parser.add_argument(
         "--tree-nodes",
         type=int,

@@ -37,7 +37,7 @@ from .probes import FULL, N_VERIFY, QUICK, HostInfo, ModelCost
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: flash attention off on a CPU (backend/model.py)
 BUSY_WARN_CORES = 0.25  # other processes' load while measuring above which we warn
 
 

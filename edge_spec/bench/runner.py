@@ -28,7 +28,7 @@ class Strategy:
     draft_mode: str
     policy: str
     k: int | None = None  # the fixed policy's k
-    k_max: int = 16
+    k_max: int = 32  # EngineConfig's
     tree_nodes: int | None = None  # token trees (GenerationConfig.tree_nodes)
 
     def config(
