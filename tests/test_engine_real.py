@@ -296,13 +296,19 @@ def test_stats_are_consistent(spec: EdgeSpec) -> None:
 
 def test_flash_attention_is_off_when_every_layer_is_on_the_cpu() -> None:
     """llama.cpp's CPU flash attention makes a verify batch of n tokens read the KV cache n
-    times (scripts/measure_flash_attn.py): off without offload, llama.cpp's auto with it, and
-    an explicit choice wins."""
+    times (scripts/measure_flash_attn.py): off without offload (but on the batch-invariant
+    build), llama.cpp's auto with it, and an explicit choice wins."""
     import llama_cpp
 
+    from edge_spec.backend import llama_build
     from edge_spec.backend.model import _flash_attn_type
 
-    assert _flash_attn_type(None, 0) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    tinyblas = "LLAMAFILE = 1" in llama_build()  # else the batch-invariant build: as measured
+    assert _flash_attn_type(None, 0) == (
+        llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if tinyblas
+        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    )
     assert _flash_attn_type(None, -1) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
     assert _flash_attn_type(True, 0) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
     assert _flash_attn_type(False, -1) == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

@@ -28,6 +28,7 @@ from .runtime import (
     _llama_error,
     _recent_errors,
     default_threads,
+    llama_build,
     supports_gpu_offload,
 )
 
@@ -499,14 +500,17 @@ def _flash_attn_type(flash_attn: bool | None, n_gpu_layers: int) -> int:
     turns it on there all the same. Measured at a 3,000-token context (SmolLM2-135M F16, 2
     threads, scripts/measure_flash_attn.py): t(17) / t(1) 6.3 with it, 3.9 without, and t(1)
     5 % slower with it. So None means off when no layer is offloaded (nor on RPC servers),
-    llama.cpp's auto where layers run on a GPU (whose kernels batch the rows)."""
+    llama.cpp's auto where layers run on a GPU (whose kernels batch the rows), and also on a
+    build without tinyBLAS (`bootstrap.py --batch-invariant`): that build is chosen for output
+    bit-identical whatever was drafted, which was measured with flash attention on (and a
+    token tree's rows are bit-identical to its chains' only with it)."""
     if flash_attn is not None:
         return (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
-    if n_gpu_layers == 0:
+    if n_gpu_layers == 0 and "LLAMAFILE = 1" in llama_build():
         return llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
 
