@@ -21,7 +21,7 @@ from .errors import EdgeSpecError, InvalidRequestError, VocabMismatchError
 from .heads import find_head
 from .modes import DRAFT_MODES, HEAD, SELF, DraftMode
 from .placement import plan_placement
-from .policy import CostCurve, KPolicy, SourceName, make_policy
+from .policy import DEFAULT_K_MAX, CostCurve, KPolicy, SourceName, make_policy
 from .sampling import SamplingParams
 from .self_draft import self_draft_path
 from .stats import GenerationStats, StatsCollector
@@ -110,11 +110,7 @@ class GenerationConfig:
     # A fixed draft length; giving it without a policy means the fixed policy. None: adaptive
     # (the fixed and heuristic policies then start from DEFAULT_K).
     k: int | None = None
-    # The adaptive policies' cap. The profile measures t(n) up to n = 16; longer batches are
-    # extrapolated from its last two points and corrected online once chosen. Long copies
-    # (an agent re-emitting a file) pay up to 32: replayed on the agentic sessions 2.44x ->
-    # 2.56x (scripts/replay_ngram.py FOLDER --k-max 32), neutral on the 48-prompt benches.
-    k_max: int = 32
+    k_max: int = DEFAULT_K_MAX  # the adaptive policies' cap (policy.DEFAULT_K_MAX)
     # Token trees: the most branch tokens an n-gram draft may add (the cost policy adds them
     # while they pay; the fixed policy adds as many as the lookup offers). None: 8 under the
     # cost policy, 0 (chains only) under the others.

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from .errors import EdgeSpecError, RpcError
 from .modes import DRAFT_MODES
+from .policy import DEFAULT_K_MAX
 
 EXIT_USER_ERROR = 2
 
@@ -67,7 +68,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--k", type=int, default=None, help="a fixed draft length (implies --policy fixed)"
     )
-    parser.add_argument("--k-max", type=int, default=32, help="cap for the adaptive policies")
+    parser.add_argument(
+        "--k-max", type=int, default=DEFAULT_K_MAX, help="cap for the adaptive policies"
+    )
     parser.add_argument(
         "--tree-nodes",
         type=int,

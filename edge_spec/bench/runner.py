@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..api import EdgeSpec, GenerationConfig, GenerationResult
+from ..policy import DEFAULT_K_MAX
 from ..sampling import SamplingParams
 from .peers import Peer, PeerResult
 from .prompts import Prompt
@@ -28,7 +29,7 @@ class Strategy:
     draft_mode: str
     policy: str
     k: int | None = None  # the fixed policy's k
-    k_max: int = 32  # EngineConfig's
+    k_max: int = DEFAULT_K_MAX
     tree_nodes: int | None = None  # token trees (GenerationConfig.tree_nodes)
 
     def config(
