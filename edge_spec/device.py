@@ -37,7 +37,9 @@ from .probes import FULL, N_VERIFY, QUICK, HostInfo, ModelCost
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: flash attention off on a CPU (backend/model.py)
+# 2: flash attention off on a CPU (backend/model.py); 3: the small-batch F16 kernel
+# (scripts/patches/), which llama.cpp's build string does not show.
+SCHEMA_VERSION = 3
 BUSY_WARN_CORES = 0.25  # other processes' load while measuring above which we warn
 
 

@@ -4,11 +4,13 @@
 Standard library only: this runs before anything is installed. It
 1. creates `.venv/` beside the project if it is absent;
 2. installs the package (editable) and the named extras when their requirements are not met;
-3. builds llama-cpp-python from source with CMake flags chosen from this machine (CUDA where a
-   CUDA toolkit *and* a GPU are present, Metal on Apple Silicon, otherwise the CPU's real
-   features with AMX left off: a native build segfaults in ggml_backend_amx_mul_mat on AMX CPUs),
-   keeping the wheel in `.cache/wheels/<version>-<flags hash>/` so it is rebuilt only when the
-   version or the flags change (pip's own wheel cache does not key on CMAKE_ARGS);
+3. builds llama-cpp-python from its sdist, with the project's patches to the vendored llama.cpp
+   (`scripts/patches/*.patch`, applied with `patch -p1`) and CMake flags chosen from this
+   machine (CUDA where a CUDA toolkit *and* a GPU are present, Metal on Apple Silicon, otherwise
+   the CPU's real features with AMX left off: a native build segfaults in
+   ggml_backend_amx_mul_mat on AMX CPUs), keeping the wheel in
+   `.cache/wheels/<version>-<flags and patches hash>/` so it is rebuilt only when the version,
+   the flags or the patches change (pip's own wheel cache does not key on CMAKE_ARGS);
 4. runs a smoke decode in a child process so that a broken build fails set-up loudly.
 """
 
@@ -22,12 +24,16 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("EDGE_SPEC_VENV", ROOT / ".venv"))
 WHEEL_CACHE = ROOT / ".cache" / "wheels"
+SDIST_DIR = ROOT / ".cache" / "sdist"
+# Changes to the vendored llama.cpp, unified diffs against its root (see each file's header).
+PATCHES_DIR = ROOT / "scripts" / "patches"
 LLAMA_CPP_VERSION = "0.3.36"  # the tested version; pyproject pins the same range
 
 # /proc/cpuinfo flag -> ggml CMake option. AMX is deliberately absent (see module docstring).
@@ -134,11 +140,72 @@ def ensure_venv() -> Path:
     return py
 
 
+def patches() -> list[Path]:
+    return sorted(PATCHES_DIR.glob("*.patch"))
+
+
+def patches_key() -> str:
+    """A hash of the patches' names and contents ("" when there are none)."""
+    found = patches()
+    if not found:
+        return ""
+    digest = hashlib.sha256()
+    for path in found:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def apply_patches(llama_cpp_root: Path) -> None:
+    """Apply scripts/patches/*.patch to a llama.cpp source tree; a patch that does not apply
+    cleanly (another llama.cpp version) stops the build with the reason."""
+    for path in patches():
+        log(f"patching {llama_cpp_root} with {path.name}")
+        with open(path, "rb") as diff:
+            out = subprocess.run(
+                ["patch", "-p1", "--forward", "--batch", "-d", str(llama_cpp_root)],
+                stdin=diff,
+                capture_output=True,
+                text=True,
+            )
+        if out.returncode != 0:
+            sys.stderr.write(out.stdout + out.stderr)
+            raise SystemExit(f"{path.name} does not apply to {llama_cpp_root}")
+
+
+def ensure_sdist(version: str, pip_python: Path) -> Path:
+    """The llama-cpp-python sdist in .cache/sdist/, downloaded with pip when absent."""
+    found = SDIST_DIR / f"llama_cpp_python-{version}.tar.gz"
+    if found.is_file():
+        return found
+    SDIST_DIR.mkdir(parents=True, exist_ok=True)
+    run(
+        [str(pip_python), "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
+        + ["-d", str(SDIST_DIR), f"llama-cpp-python=={version}"],
+        stdout=sys.stderr,
+    )
+    if not found.is_file():
+        raise SystemExit(f"pip download did not leave {found}")
+    return found
+
+
+def patched_source(sdist: Path, dest: Path) -> Path:
+    """The sdist extracted into dest (replaced) with the patches applied; returns its root."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with tarfile.open(sdist) as tar:
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(dest, **kwargs)
+    (root,) = [p for p in dest.iterdir() if p.is_dir()]
+    apply_patches(root / "vendor" / "llama.cpp")
+    return root
+
+
 def ensure_llama_cpp(py: Path, batch_invariant: bool = False) -> None:
     args = cmake_args(batch_invariant)
-    key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:12]
+    patched = patches_key()
+    key = hashlib.sha256((" ".join(args) + patched).encode()).hexdigest()[:12]
     stamp = VENV / ".llama_cpp_build.json"
-    want = {"version": LLAMA_CPP_VERSION, "cmake_args": args}
+    want = {"version": LLAMA_CPP_VERSION, "cmake_args": args, "patches": patched}
     if (
         stamp.exists()
         and json.loads(stamp.read_text()) == want
@@ -150,6 +217,8 @@ def ensure_llama_cpp(py: Path, batch_invariant: bool = False) -> None:
     if not wheels:
         log(f"building llama-cpp-python {LLAMA_CPP_VERSION} (a few minutes) with: {' '.join(args)}")
         wheel_dir.mkdir(parents=True, exist_ok=True)
+        sdist = ensure_sdist(LLAMA_CPP_VERSION, py)
+        source = patched_source(sdist, ROOT / ".cache" / "build-src" / key)
         env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
         if "-DGGML_CUDA=on" in args:
             env.setdefault("CUDACXX", find_nvcc() or "nvcc")
@@ -162,14 +231,13 @@ def ensure_llama_cpp(py: Path, batch_invariant: bool = False) -> None:
                 "wheel",
                 "--no-deps",
                 "--no-cache-dir",
-                "--no-binary",
-                "llama-cpp-python",
                 "-w",
                 str(wheel_dir),
-                f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+                str(source),
             ],
             env=env,
         )
+        shutil.rmtree(source.parent, ignore_errors=True)
         (wheel_dir / "cmake_args.json").write_text(json.dumps(want, indent=1))
         wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
     run(

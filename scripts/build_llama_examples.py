@@ -3,9 +3,10 @@
 its `ggml-rpc-server` (the rpc-server binary, for machines that lend memory without edge_spec).
 
 Standard library only. The source is the `vendor/llama.cpp` tree of the llama-cpp-python sdist
-of the version installed in `.venv` (else the version bootstrap pins), so the peers run the same
-llama.cpp as edge_spec. The CPU/GPU flags are bootstrap's own `cmake_args()` (imported, not
-copied: GGML_NATIVE=OFF, the CPU's real features, AMX off). The two binaries land in
+of the version installed in `.venv` (else the version bootstrap pins), with the same patches
+(scripts/patches/), so the peers run the same llama.cpp as edge_spec. The CPU/GPU flags are
+bootstrap's own `cmake_args()` (imported, not copied: GGML_NATIVE=OFF, the CPU's real
+features, AMX off). The two binaries land in
 `.cache/llama-examples/<version>-<args hash>/bin/` beside a stamp, so a rerun is a no-op; the
 bin folder is the only thing printed on stdout. `edge_spec.bench.cpp_peers` finds them there
 (or through EDGE_SPEC_LLAMA_EXAMPLES).
@@ -31,7 +32,6 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
-SDIST_DIR = CACHE / "sdist"
 OUT_DIR = CACHE / "llama-examples"
 TARGETS = ("llama-lookup", "llama-speculative-simple", "ggml-rpc-server")
 STAMP_NAME = "stamp.json"
@@ -76,34 +76,24 @@ def llama_cpp_version(bootstrap: ModuleType) -> str:
     return installed or pinned
 
 
-def ensure_sdist(version: str, given: Path | None, pip_python: Path) -> Path:
-    """The sdist tarball: --sdist, else .cache/sdist/, else `pip download` (pip's HTTP cache and
-    its configured find-links/indexes are consulted by pip itself)."""
+def ensure_sdist(bootstrap: ModuleType, version: str, given: Path | None, pip_python: Path) -> Path:
+    """The sdist tarball: --sdist, else bootstrap's (.cache/sdist/, else `pip download`)."""
     if given is not None:
         if not given.is_file():
             raise SystemExit(f"--sdist {given}: no such file")
         return given
-    name = f"llama_cpp_python-{version}.tar.gz"
-    found = SDIST_DIR / name
-    if found.is_file():
-        return found
-    SDIST_DIR.mkdir(parents=True, exist_ok=True)
-    cmd = [str(pip_python), "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
-    cmd += ["-d", str(SDIST_DIR), f"llama-cpp-python=={version}"]
-    log("$ " + " ".join(cmd))
-    subprocess.run(cmd, check=True, stdout=sys.stderr)
-    if not found.is_file():
-        raise SystemExit(f"pip download did not leave {found}")
-    return found
+    return bootstrap.ensure_sdist(version, pip_python)
 
 
-def extract_llama_cpp(sdist: Path, version: str) -> Path:
-    """Extract only vendor/llama.cpp (once per version); returns its folder."""
+def extract_llama_cpp(bootstrap: ModuleType, sdist: Path, version: str) -> Path:
+    """Extract only vendor/llama.cpp (once per version and patch set) and apply the project's
+    patches to it, as bootstrap does for edge_spec's own build; returns its folder."""
     top = f"llama_cpp_python-{version}"
     dest = OUT_DIR / "src" / top
     src = dest / "vendor" / "llama.cpp"
     done = dest / ".extracted"
-    if done.is_file() and done.read_text() == sdist.name:
+    marker = f"{sdist.name} {bootstrap.patches_key()}"
+    if done.is_file() and done.read_text() == marker:
         return src
     shutil.rmtree(dest, ignore_errors=True)
     prefix = f"{top}/vendor/llama.cpp/"
@@ -119,7 +109,8 @@ def extract_llama_cpp(sdist: Path, version: str) -> Path:
             raise SystemExit(f"{sdist} has no {prefix}")
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(dest.parent, members=members, **kwargs)
-    done.write_text(sdist.name)
+    bootstrap.apply_patches(src)
+    done.write_text(marker)
     return src
 
 
@@ -142,10 +133,11 @@ def main() -> None:
     bootstrap = load_bootstrap()
     version = llama_cpp_version(bootstrap)
     args = bootstrap.cmake_args() + EXAMPLE_ARGS
-    key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:12]
+    patched = bootstrap.patches_key()
+    key = hashlib.sha256((" ".join(args) + patched).encode()).hexdigest()[:12]
     out = OUT_DIR / f"{version}-{key}"
     bin_dir, stamp = out / "bin", out / STAMP_NAME
-    want = {"version": version, "cmake_args": args, "targets": list(TARGETS)}
+    want = {"version": version, "cmake_args": args, "targets": list(TARGETS), "patches": patched}
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".lock", "w") as lock:
@@ -161,8 +153,8 @@ def main() -> None:
             raise SystemExit("cmake not found on PATH (CMake >= 3.14 and a C++17 compiler needed)")
         venv_py = bootstrap.venv_python()
         pip_python = venv_py if venv_py.exists() else Path(sys.executable)
-        sdist = ensure_sdist(version, opts.sdist, pip_python)
-        src = extract_llama_cpp(sdist, version)
+        sdist = ensure_sdist(bootstrap, version, opts.sdist, pip_python)
+        src = extract_llama_cpp(bootstrap, sdist, version)
         check_targets(src)
         build = out / "build"
         started = time.monotonic()

@@ -190,6 +190,32 @@ def test_kv_rollback_matches_fresh_evaluation(target_path) -> None:
         assert float(np.abs(one_shot - after_rollback).max()) < 1.0
 
 
+@pytest.mark.parametrize("which", ["target_path", "smollm2_path"])
+def test_small_verify_batches_give_the_one_token_logits_bit_for_bit(which, request) -> None:
+    """The project's kernel for F16 weights times a few columns (scripts/patches/, used by an
+    AVX512 build with tinyBLAS) sums every dot product as a one-token step does: a batch of up
+    to 12 tokens, i.e. a verification of up to 11 drafted tokens, gives each position exactly
+    the logits plain decoding gives it, so no greedy choice or seeded draw can move at a near
+    tie. Longer batches go to tinyBLAS, which sums in another order (batching noise)."""
+    from edge_spec.backend import llama_build
+
+    build = llama_build()
+    if "AVX512 = 1" not in build or "LLAMAFILE = 1" not in build:
+        pytest.skip("the small-batch F16 kernel is for AVX512 builds with tinyBLAS")
+    path = request.getfixturevalue(which)
+    with LlamaModel(path, n_ctx=512) as model:
+        if "F16" not in model.info.description:
+            pytest.skip(f"{path.name} is not an F16 model")
+        prompt = model.tokenize(PROMPTS[1])
+        tokens = [int(t) for t in np.random.default_rng(3).integers(100, 20000, size=24)]
+        alone = single_logits(model, prompt, tokens)
+        for n in (2, 5, 12):
+            np.testing.assert_array_equal(batched_logits(model, prompt, tokens, n - 1), alone)
+        longer = batched_logits(model, prompt, tokens, 23)  # one batch of 24: tinyBLAS
+        assert not np.array_equal(longer, alone)  # the check tells the kernels apart
+        assert float(np.abs(longer - alone).max()) < 0.25
+
+
 def test_token_tree_rows_equal_each_branch_decoded_as_a_chain(target_path) -> None:
     """One decode_tree: every row is what its branch gives decoded alone (each branch sees the
     cache and its own ancestors, never a sibling); keep_tree leaves the cache as if the kept
