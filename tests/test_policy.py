@@ -106,6 +106,22 @@ def test_cost_curve_extrapolates_and_models_the_draft_batch() -> None:
     assert own.draft_s(2, 3) == pytest.approx(0.7 + 0.4)
 
 
+def test_a_long_catch_up_costs_at_least_the_curves_average_per_token() -> None:
+    """A draft model re-decoding hundreds of prompt tokens: measured curves end noisy (this
+    draft's was flat from 10 to 16 tokens, and a 440-token catch-up then looked like 38 ms
+    instead of the 690 it took), so past the curve its average cost per token goes on."""
+    flat_end = (0.011, 0.015, 0.018, 0.030, 0.039, 0.039, 0.0385)
+    costs = CostCurve((0.017, 0.020), draft_token_s=0.011, draft_verify_s=flat_end)
+    average = (0.0385 - 0.011) / 6
+    assert costs.draft_s(1, 440) == pytest.approx(0.0385 + (440 - 7) * average)
+    assert costs.draft_s(1, 7) == pytest.approx(0.0385)  # within the curve: as measured
+    steep = CostCurve((0.017, 0.020), draft_token_s=0.011, draft_verify_s=(0.01, 0.02, 0.05))
+    assert steep.draft_s(1, 10) == pytest.approx(0.05 + 7 * 0.03)  # the last slope, if steeper
+    # Without a draft curve, the target's shape scaled to the draft's one-token cost.
+    plain = CostCurve((0.010, 0.012, 0.013), draft_token_s=0.005)
+    assert plain.draft_s(1, 100) == pytest.approx(0.005 * (0.013 + 97 * 0.0015) / 0.010)
+
+
 # ---- what the cost model picks ---------------------------------------------------------------
 
 
