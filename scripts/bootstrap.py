@@ -140,13 +140,13 @@ def ensure_venv() -> Path:
     return py
 
 
-def patches() -> list[Path]:
-    return sorted(PATCHES_DIR.glob("*.patch"))
+def patches(use: bool = True) -> list[Path]:
+    return sorted(PATCHES_DIR.glob("*.patch")) if use else []
 
 
-def patches_key() -> str:
+def patches_key(use: bool = True) -> str:
     """A hash of the patches' names and contents ("" when there are none)."""
-    found = patches()
+    found = patches(use)
     if not found:
         return ""
     digest = hashlib.sha256()
@@ -155,10 +155,10 @@ def patches_key() -> str:
     return digest.hexdigest()[:12]
 
 
-def apply_patches(llama_cpp_root: Path) -> None:
+def apply_patches(llama_cpp_root: Path, use: bool = True) -> None:
     """Apply scripts/patches/*.patch to a llama.cpp source tree; a patch that does not apply
     cleanly (another llama.cpp version) stops the build with the reason."""
-    for path in patches():
+    for path in patches(use):
         log(f"patching {llama_cpp_root} with {path.name}")
         with open(path, "rb") as diff:
             out = subprocess.run(
@@ -188,7 +188,7 @@ def ensure_sdist(version: str, pip_python: Path) -> Path:
     return found
 
 
-def patched_source(sdist: Path, dest: Path) -> Path:
+def patched_source(sdist: Path, dest: Path, use_patches: bool = True) -> Path:
     """The sdist extracted into dest (replaced) with the patches applied; returns its root."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -196,13 +196,13 @@ def patched_source(sdist: Path, dest: Path) -> Path:
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(dest, **kwargs)
     (root,) = [p for p in dest.iterdir() if p.is_dir()]
-    apply_patches(root / "vendor" / "llama.cpp")
+    apply_patches(root / "vendor" / "llama.cpp", use_patches)
     return root
 
 
-def ensure_llama_cpp(py: Path, batch_invariant: bool = False) -> None:
+def ensure_llama_cpp(py: Path, batch_invariant: bool = False, use_patches: bool = True) -> None:
     args = cmake_args(batch_invariant)
-    patched = patches_key()
+    patched = patches_key(use_patches)
     key = hashlib.sha256((" ".join(args) + patched).encode()).hexdigest()[:12]
     stamp = VENV / ".llama_cpp_build.json"
     want = {"version": LLAMA_CPP_VERSION, "cmake_args": args, "patches": patched}
@@ -218,7 +218,7 @@ def ensure_llama_cpp(py: Path, batch_invariant: bool = False) -> None:
         log(f"building llama-cpp-python {LLAMA_CPP_VERSION} (a few minutes) with: {' '.join(args)}")
         wheel_dir.mkdir(parents=True, exist_ok=True)
         sdist = ensure_sdist(LLAMA_CPP_VERSION, py)
-        source = patched_source(sdist, ROOT / ".cache" / "build-src" / key)
+        source = patched_source(sdist, ROOT / ".cache" / "build-src" / key, use_patches)
         env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
         if "-DGGML_CUDA=on" in args:
             env.setdefault("CUDACXX", find_nvcc() or "nvcc")
@@ -306,6 +306,13 @@ def main() -> None:
         "same bit for bit whatever was drafted (F16/Q8_0 targets), but long verifications are "
         "slower (default: $EDGE_SPEC_BATCH_INVARIANT=1, else off)",
     )
+    ap.add_argument(
+        "--no-patches",
+        action="store_true",
+        default=os.environ.get("EDGE_SPEC_NO_PATCHES") == "1",
+        help="build llama.cpp as released, without scripts/patches/ (to compare, or where a "
+        "patch does not apply; default: $EDGE_SPEC_NO_PATCHES=1, else patched)",
+    )
     opts = ap.parse_args()
     if opts.print_cmake_args:
         print(" ".join(cmake_args(opts.batch_invariant)))
@@ -314,7 +321,7 @@ def main() -> None:
     if installed_version(py, "pip") and not (VENV / ".pip_upgraded").exists():
         run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
         (VENV / ".pip_upgraded").touch()
-    ensure_llama_cpp(py, opts.batch_invariant)
+    ensure_llama_cpp(py, opts.batch_invariant, not opts.no_patches)
     ensure_project(py, opts.extras)
     if not opts.no_models:
         prepare_models(py)

@@ -192,16 +192,18 @@ def test_kv_rollback_matches_fresh_evaluation(target_path) -> None:
 
 @pytest.mark.parametrize("which", ["target_path", "smollm2_path"])
 def test_small_verify_batches_give_the_one_token_logits_bit_for_bit(which, request) -> None:
-    """The project's kernel for F16 weights times a few columns (scripts/patches/, used by an
-    AVX512 build with tinyBLAS) sums every dot product as a one-token step does: a batch of up
-    to 12 tokens, i.e. a verification of up to 11 drafted tokens, gives each position exactly
-    the logits plain decoding gives it, so no greedy choice or seeded draw can move at a near
-    tie. Longer batches go to tinyBLAS, which sums in another order (batching noise)."""
+    """The project's kernel for F16 weights times a few columns (scripts/patches/, in an x86
+    build with tinyBLAS and AVX-512, or AVX2 with F16C and FMA) sums every dot product as a
+    one-token step does: a batch of up to 12 tokens, i.e. a verification of up to 11 drafted
+    tokens, gives each position exactly the logits plain decoding gives it, so no greedy
+    choice or seeded draw can move at a near tie. Longer batches go to tinyBLAS, which sums in
+    another order (batching noise)."""
     from edge_spec.backend import llama_build
 
     build = llama_build()
-    if "AVX512 = 1" not in build or "LLAMAFILE = 1" not in build:
-        pytest.skip("the small-batch F16 kernel is for AVX512 builds with tinyBLAS")
+    x86 = "AVX512 = 1" in build or all(f"{f} = 1" in build for f in ("AVX2", "F16C", "FMA"))
+    if not x86 or "LLAMAFILE = 1" not in build:
+        pytest.skip("the small-batch F16 kernel is for x86 builds with tinyBLAS")
     path = request.getfixturevalue(which)
     with LlamaModel(path, n_ctx=512) as model:
         if "F16" not in model.info.description:
