@@ -80,7 +80,7 @@ def log(msg: str) -> None:
 
 
 def load_script(name: str) -> ModuleType:
-    """scripts/<name>.py imported (bootstrap's cmake_args, build_llama_examples' sdist)."""
+    """scripts/<name>.py imported (bootstrap's cmake_args and sdist)."""
     spec = importlib.util.spec_from_file_location(
         f"edge_spec_{name}", ROOT / "scripts" / f"{name}.py"
     )
@@ -118,13 +118,14 @@ def sha256(path: Path) -> str:
 
 
 def pack(directory: Path) -> dict:
-    examples, bootstrap = load_script("build_llama_examples"), load_script("bootstrap")
+    bootstrap = load_script("bootstrap")
     version = bootstrap.LLAMA_CPP_VERSION
     py = bootstrap.venv_python()
     if not py.exists():
         raise SystemExit("no .venv: run python3 scripts/bootstrap.py first")
     directory.mkdir(parents=True, exist_ok=True)
-    sdist = examples.ensure_sdist(version, None, py)
+    # llama.cpp as released: scripts/patches/ change only x86 CPU kernels, and this is a CUDA check.
+    sdist = bootstrap.ensure_sdist(version, py)
 
     source = directory / SOURCE_NAME
     top = f"llama_cpp_python-{version}"
