@@ -158,7 +158,10 @@ def patches_key(use: bool = True) -> str:
 def apply_patches(llama_cpp_root: Path, use: bool = True) -> None:
     """Apply scripts/patches/*.patch to a llama.cpp source tree; a patch that does not apply
     cleanly (another llama.cpp version) stops the build with the reason."""
-    for path in patches(use):
+    found = patches(use)
+    if found and shutil.which("patch") is None:
+        raise SystemExit("`patch` not found on PATH: install it, or build with --no-patches")
+    for path in found:
         log(f"patching {llama_cpp_root} with {path.name}")
         with open(path, "rb") as diff:
             out = subprocess.run(
