@@ -175,6 +175,11 @@ def apply_patches(llama_cpp_root: Path, use: bool = True) -> None:
             raise SystemExit(f"{path.name} does not apply to {llama_cpp_root}")
 
 
+def build_key(args: list[str], patched: str) -> str:
+    """What a llama.cpp build folder is keyed on: its CMake flags and patches_key()."""
+    return hashlib.sha256((" ".join(args) + patched).encode()).hexdigest()[:12]
+
+
 def ensure_sdist(version: str, pip_python: Path) -> Path:
     """The llama-cpp-python sdist in .cache/sdist/, downloaded with pip when absent."""
     found = SDIST_DIR / f"llama_cpp_python-{version}.tar.gz"
@@ -206,7 +211,7 @@ def patched_source(sdist: Path, dest: Path, use_patches: bool = True) -> Path:
 def ensure_llama_cpp(py: Path, batch_invariant: bool = False, use_patches: bool = True) -> None:
     args = cmake_args(batch_invariant)
     patched = patches_key(use_patches)
-    key = hashlib.sha256((" ".join(args) + patched).encode()).hexdigest()[:12]
+    key = build_key(args, patched)
     stamp = VENV / ".llama_cpp_build.json"
     want = {"version": LLAMA_CPP_VERSION, "cmake_args": args, "patches": patched}
     if (

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import importlib.util
 import json
 import os
@@ -134,7 +133,7 @@ def main() -> None:
     version = llama_cpp_version(bootstrap)
     args = bootstrap.cmake_args() + EXAMPLE_ARGS
     patched = bootstrap.patches_key()
-    key = hashlib.sha256((" ".join(args) + patched).encode()).hexdigest()[:12]
+    key = bootstrap.build_key(args, patched)
     out = OUT_DIR / f"{version}-{key}"
     bin_dir, stamp = out / "bin", out / STAMP_NAME
     want = {"version": version, "cmake_args": args, "targets": list(TARGETS), "patches": patched}
