@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a target pass over a batch of n tokens costs with the installed llama.cpp build: t(n)
-in ms (median over rounds, the sizes interleaved in each round so that machine noise hits them
-alike) and t(n) / t(1), at a given context length. Run it in two environments to compare
+in ms (median over rounds, `probes.time_batches`: the sizes interleaved so that machine noise
+hits them alike) and t(n) / t(1), at a given context length. Run it in two environments to compare
 builds, e.g. this project's (with scripts/patches/) and one set up with
 `EDGE_SPEC_VENV=/tmp/stock python3 scripts/bootstrap.py --no-patches`:
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import edge_spec  # noqa: F401  (llama.cpp's libraries before numpy: see edge_spec/__init__.py)
 
 # isort: split
 from edge_spec.backend import LlamaModel, llama_build
 from edge_spec.models import resolve
+from edge_spec.probes import time_batches
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 13, 16, 24, 33)
 
@@ -33,16 +33,7 @@ def main() -> int:
     path = resolve(args.target, progress=False)
     print(llama_build())
     with LlamaModel(path, n_ctx=args.ctx + max(SIZES) + 8, n_threads=args.threads) as model:
-        prompt = [(i * 37) % 20000 + 100 for i in range(args.ctx)]
-        model.decode(prompt)
-        times: dict[int, list[float]] = {n: [] for n in SIZES}
-        for _ in range(args.rounds):
-            for n in SIZES:
-                batch = [(200 + 13 * i) % 20000 + 100 for i in range(n)]
-                start = time.perf_counter()
-                model.decode(batch, range(n))
-                times[n].append(time.perf_counter() - start)
-                model.truncate(args.ctx)
+        (times,) = time_batches([model], args.ctx, SIZES, args.rounds)
     t1 = statistics.median(times[1])
     print(f"{path.name}, {args.ctx}-token context, median of {args.rounds}")
     print(" n   t(n) ms   t(n)/t(1)")
