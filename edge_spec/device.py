@@ -38,7 +38,8 @@ from .probes import FULL, N_VERIFY, QUICK, HostInfo, ModelCost
 log = logging.getLogger(__name__)
 
 # 2: flash attention off on a CPU (backend/model.py); 3: the small-batch F16 kernel
-# (scripts/patches/), which llama.cpp's build string does not show.
+# (scripts/patches/), which llama.cpp's build string does not show (keys now also hash the
+# native libraries themselves, profile_key's llama_libraries).
 SCHEMA_VERSION = 3
 BUSY_WARN_CORES = 0.25  # other processes' load while measuring above which we warn
 
@@ -152,6 +153,7 @@ def profile_key(
     n_gpu_layers: int,
     llama_cpp_version: str,
     llama_build: str,
+    llama_libraries: str = "",
     rpc_servers: Sequence[str] = (),
 ) -> str:
     """24 hex digits of the sha256 of everything that changes the measured costs (the RPC
@@ -166,6 +168,7 @@ def profile_key(
         n_gpu_layers,
         llama_cpp_version,
         llama_build,
+        llama_libraries,
         SCHEMA_VERSION,
     ]
     if rpc_servers:
@@ -229,6 +232,7 @@ def _request(
         n_gpu_layers=layers,
         llama_cpp_version=backend.llama_cpp_version(),
         llama_build=backend.llama_build(),
+        llama_libraries=backend.llama_libraries_sha256(),
         rpc_servers=rpc_servers,
     )
     return ProfileRequest(

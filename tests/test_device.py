@@ -188,6 +188,7 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
         n_gpu_layers=0,
         llama_cpp_version="0.3.36",
         llama_build="CPU : AVX512 = 1 | LLAMAFILE = 1",
+        llama_libraries="d" * 64,
     )
     key = device.profile_key(**base)
     assert key == device.profile_key(**base) and len(key) == 24
@@ -201,9 +202,32 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
         n_gpu_layers=10,
         llama_cpp_version="0.3.37",
         llama_build="CPU : AVX512 = 1 | LLAMAFILE = 0",  # same version, rebuilt with other flags
+        llama_libraries="e" * 64,  # same flags, other code (a patch to llama.cpp)
     )
     keys = {device.profile_key(**{**base, name: value}) for name, value in changes.items()}
     assert key not in keys and len(keys) == len(changes)
+
+
+def test_the_libraries_digest_follows_the_native_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge_spec.backend import runtime
+
+    installed = runtime.llama_libraries_sha256()
+    assert len(installed) == 64 and installed == runtime.llama_libraries_sha256()
+    lib = tmp_path / "llama_cpp" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libggml-cpu.so").write_bytes(b"kernel A")
+    (lib / "libllama.so").write_bytes(b"llama")
+    (lib / "README.txt").write_bytes(b"not a library")
+    monkeypatch.setattr(runtime.llama_cpp, "__file__", str(lib.parent / "__init__.py"))
+    digest = runtime.llama_libraries_sha256.__wrapped__
+    first = digest()
+    assert first != installed
+    (lib / "README.txt").write_bytes(b"still not a library")
+    assert digest() == first
+    (lib / "libggml-cpu.so").write_bytes(b"kernel B")  # a patched kernel, same file names
+    assert digest() != first
 
 
 def test_profile_path_follows_threads_files_and_offload(

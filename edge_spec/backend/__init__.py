@@ -12,6 +12,7 @@ from .runtime import (
     default_threads,
     llama_build,
     llama_cpp_version,
+    llama_libraries_sha256,
     quantize,
     supports_gpu_offload,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "default_threads",
     "llama_build",
     "llama_cpp_version",
+    "llama_libraries_sha256",
     "quantize",
     "smoke_test",
     "supports_gpu_offload",
