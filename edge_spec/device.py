@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # 2: flash attention off on a CPU (backend/model.py); 3: the small-batch F16 kernel
 # (scripts/patches/), which llama.cpp's build string does not show (keys now also hash the
-# native libraries themselves, profile_key's llama_libraries).
+# native libraries themselves: profile_key's llama_libraries, libraries_sha256).
 SCHEMA_VERSION = 3
 BUSY_WARN_CORES = 0.25  # other processes' load while measuring above which we warn
 
@@ -176,6 +176,15 @@ def profile_key(
     return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()[:24]
 
 
+def libraries_sha256(paths: Sequence[Path]) -> str:
+    """One digest of the native libraries' names and contents, each file hashed once per size
+    + mtime (file_sha256): a GPU build's libraries run to hundreds of MB."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(f"{path.name}\0{file_sha256(path)}\0".encode())
+    return digest.hexdigest()
+
+
 def file_sha256(path: Path) -> str:
     """The file's sha256, hashed at most once per size + mtime: from the sidecar beside it
     (models prepared by edge_spec.models have one), else from the profiles directory's own
@@ -232,7 +241,7 @@ def _request(
         n_gpu_layers=layers,
         llama_cpp_version=backend.llama_cpp_version(),
         llama_build=backend.llama_build(),
-        llama_libraries=backend.llama_libraries_sha256(),
+        llama_libraries=libraries_sha256(backend.llama_library_paths()),
         rpc_servers=rpc_servers,
     )
     return ProfileRequest(

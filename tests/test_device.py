@@ -208,26 +208,20 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
     assert key not in keys and len(keys) == len(changes)
 
 
-def test_the_libraries_digest_follows_the_native_code(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from edge_spec.backend import runtime
-
-    installed = runtime.llama_libraries_sha256()
-    assert len(installed) == 64 and installed == runtime.llama_libraries_sha256()
-    lib = tmp_path / "llama_cpp" / "lib"
-    lib.mkdir(parents=True)
+def test_the_libraries_digest_follows_the_native_code(cache: Path, tmp_path: Path) -> None:
+    installed = backend.llama_library_paths()
+    assert installed and all(path.is_file() for path in installed)
+    assert any("ggml-cpu" in path.name or "ggml" in path.name for path in installed)
+    lib = tmp_path / "lib"
+    lib.mkdir()
     (lib / "libggml-cpu.so").write_bytes(b"kernel A")
     (lib / "libllama.so").write_bytes(b"llama")
-    (lib / "README.txt").write_bytes(b"not a library")
-    monkeypatch.setattr(runtime.llama_cpp, "__file__", str(lib.parent / "__init__.py"))
-    digest = runtime.llama_libraries_sha256.__wrapped__
-    first = digest()
-    assert first != installed
-    (lib / "README.txt").write_bytes(b"still not a library")
-    assert digest() == first
-    (lib / "libggml-cpu.so").write_bytes(b"kernel B")  # a patched kernel, same file names
-    assert digest() != first
+    paths = sorted(lib.iterdir())
+    first = device.libraries_sha256(paths)
+    assert len(first) == 64 and first == device.libraries_sha256(paths)
+    assert first != device.libraries_sha256(installed)
+    (lib / "libggml-cpu.so").write_bytes(b"kernel B, patched")  # same names, other code
+    assert device.libraries_sha256(paths) != first
 
 
 def test_profile_path_follows_threads_files_and_offload(

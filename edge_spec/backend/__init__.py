@@ -12,7 +12,7 @@ from .runtime import (
     default_threads,
     llama_build,
     llama_cpp_version,
-    llama_libraries_sha256,
+    llama_library_paths,
     quantize,
     supports_gpu_offload,
 )
@@ -27,7 +27,7 @@ __all__ = [
     "default_threads",
     "llama_build",
     "llama_cpp_version",
-    "llama_libraries_sha256",
+    "llama_library_paths",
     "quantize",
     "smoke_test",
     "supports_gpu_offload",

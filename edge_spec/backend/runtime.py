@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import functools
-import hashlib
 import logging
 import os
 import threading
@@ -99,20 +97,18 @@ def llama_build() -> str:
     return " ".join(text.split()).strip(" |")
 
 
-@functools.lru_cache(maxsize=1)
-def llama_libraries_sha256() -> str:
-    """The sha256 of the native libraries llama-cpp-python loads (its lib/ folder: llama.cpp and
-    ggml, by name and content). llama_build() names the flags, not the code: the project's own
-    patches to llama.cpp (scripts/patches/) change what a batch costs without changing it."""
+def llama_library_paths() -> list[Path]:
+    """The native libraries llama-cpp-python loads (its lib/ folder: llama.cpp and ggml).
+    llama_build() names the flags, not the code: the project's own patches to llama.cpp
+    (scripts/patches/) change what a batch costs without changing it."""
     lib = Path(llama_cpp.__file__).resolve().parent / "lib"
-    digest = hashlib.sha256()
-    for path in sorted(lib.glob("*")) if lib.is_dir() else ():
-        if path.is_file() and any(ext in path.name for ext in (".so", ".dylib", ".dll")):
-            digest.update(path.name.encode() + b"\0")
-            with open(path, "rb") as f:
-                while block := f.read(4 << 20):
-                    digest.update(block)
-    return digest.hexdigest()
+    if not lib.is_dir():
+        return []
+    return [
+        path
+        for path in sorted(lib.iterdir())
+        if path.is_file() and any(ext in path.name for ext in (".so", ".dylib", ".dll"))
+    ]
 
 
 def quantize(
