@@ -102,10 +102,11 @@ def run_steps(
     t0 = time.perf_counter()
     cached = target.sync(context[:-1])
     model = sources.get("model")
+    lag = model.lag(context) if isinstance(model, ModelDraft) else 1
     for source in sources.values():
-        # A draft model the policy does not expect to use is not prefilled: the time to
-        # first token stays the target's own, and a later first draft catches up.
-        if not isinstance(source, ModelDraft) or policy.wants_model():
+        # A draft model the policy does not expect to pay for its prefill is not prefilled:
+        # the time to first token stays the target's own, and a later first draft catches up.
+        if not isinstance(source, ModelDraft) or policy.wants_model(lag):
             source.begin(context)
     policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
     yield Prefill(len(prompt), cached, time.perf_counter() - t0)

@@ -258,10 +258,11 @@ class KPolicy(Protocol):
     # n-gram lookup for branches, and a learned draft's alternates, only then.
     tree_nodes: int
 
-    def wants_model(self) -> bool:
-        """Asked before begin(): whether the model draft is likely to draft in the coming
-        request. The engine prefills the draft model with the prompt only then; otherwise the
-        draft's first proposal catches up, a cost the policy weighs (model_lag)."""
+    def wants_model(self, model_lag: int = 1) -> bool:
+        """Asked before begin(): whether the model draft is likely to draft enough in the
+        coming request to pay for prefilling the model_lag tokens of the prompt it lacks. The
+        engine prefills the draft model only then; otherwise the draft's first proposal
+        catches up, a cost the policy weighs (begin's model_lag)."""
 
     def begin(self, model_lag: int = 1) -> None:
         """A new request starts (estimates may carry over; per-request state resets).
@@ -340,7 +341,7 @@ class FixedK:
         self.tree_nodes = tree_nodes
         self.name = f"fixed-{source or 'auto'}-{k}" if source != "none" else "none"
 
-    def wants_model(self) -> bool:
+    def wants_model(self, model_lag: int = 1) -> bool:
         return self.k > 0 and self.source in (None, "model")
 
     def begin(self, model_lag: int = 1) -> None:

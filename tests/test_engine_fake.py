@@ -88,7 +88,7 @@ class ModelLater(FixedK):
         self.plain_steps = plain_steps
         self.lags: list[int] = []
 
-    def wants_model(self) -> bool:
+    def wants_model(self, model_lag: int = 1) -> bool:
         return False
 
     def begin(self, model_lag: int = 1) -> None:

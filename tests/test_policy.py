@@ -168,6 +168,34 @@ def test_ngram_chosen_for_a_long_match_when_the_model_is_expensive() -> None:
     assert policy.plan(("ngram", "none"), 8, short) == PLAIN
 
 
+def test_the_draft_model_is_prefilled_only_while_its_steps_pay_for_the_prefill() -> None:
+    # Flat to 16 tokens (a GPU), a prompt's worth of tokens still costs a prefill.
+    costs = CostCurve((10 * MS,) * 16 + (20 * MS,), draft_token_s=0.5 * MS)
+    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.8}, risk_floor=None)
+    # No request yet: the estimate alone decides.
+    assert policy.wants_model(model_lag=2000)
+    # A request in which the model never drafted saved nothing: prefilling 2,000 tokens
+    # would be lost; nothing to prefill costs nothing.
+    policy.begin(model_lag=2000)
+    for _ in range(20):
+        policy.update(outcome("ngram", 4, 4, costs))
+    assert not policy.wants_model(model_lag=2000)
+    assert policy.wants_model(model_lag=1)
+    # Requests whose model steps saved more than the prefill costs: prefill again.
+    for _ in range(3):
+        policy.begin(model_lag=1)
+        for _ in range(200):
+            policy.update(outcome("model", 8, 8, costs))
+    prefill_s = costs.draft_s(1, 2000) - costs.draft_s(1, 1)
+    assert policy.wants_model(model_lag=2000) and prefill_s > 0
+    # Probes are the policy's own questions, not gains: they leave the balance as it was.
+    probe = CostModelK(costs, k_max=8, prior_alpha={"model": 0.8}, risk_floor=None)
+    probe.begin(model_lag=1)
+    probe.probes["model"].pending = True
+    probe.update(outcome("model", 1, 1, costs))
+    assert list(probe._model_gains) == [0.0]
+
+
 def test_plans_respect_the_caps() -> None:
     policy = CostModelK(flat_costs(c=0.0), k_max=8, prior_alpha={"model": 0.99, "ngram": 0.7})
     assert policy.plan(MODEL_ONLY, 3, None) == StepPlan("model", 3)
