@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The agentic bench's sessions through `edge-spec serve`, end to end: each draft mode gets a
+server of its own (the chat pair, no model flags), and the official openai client drives every
+session turn by turn with the full history, the way an agent framework does (no
+`prompt_cache_key`), T = 0. Wall time at the client, prefill included, per session and over
+all of them, as ratios to the first mode.
+
+    .venv/bin/python scripts/measure_server_agentic.py [--modes none auto ngram] [--sessions ID ...]
+
+Every mode answers the same requests: each session's history is the first mode's own answers
+(at T = 0 every exact mode produces them anyway; the script says where one did not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edge_spec.bench.agentic import load_sessions  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ttft_sum_s(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("edge_spec_time_to_first_token_seconds_sum"):
+            return float(line.split()[-1])
+    return float("nan")
+
+
+def run_mode(mode: str, sessions, threads: int, histories: dict | None):
+    """{session id: (wall seconds, completion tokens, answers)} and the TTFT sum."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "edge_spec.cli", "serve", "--port", str(port)]
+    cmd += ["--draft-mode", mode, "--threads", str(threads), "--ctx-size", "4096"]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    out = {}
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"the {mode} server exited")
+            time.sleep(0.3)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+        )
+        ttft0 = ttft_sum_s(url)
+        for session in sessions:
+            messages: list[dict[str, str]] = [{"role": "system", "content": session.system}]
+            wall, tokens, answers = 0.0, 0, []
+            for i, turn in enumerate(session.turns):
+                messages += [dict(m) for m in turn]
+                t0 = time.perf_counter()
+                done = client.chat.completions.create(
+                    model=model, messages=messages, max_tokens=384, temperature=0
+                )
+                wall += time.perf_counter() - t0
+                tokens += done.usage.completion_tokens
+                answer = done.choices[0].message.content or ""
+                answers.append(answer)
+                # The history every mode is asked with: the first mode's answers.
+                given = histories[session.id][i] if histories else answer
+                messages.append({"role": "assistant", "content": given})
+            out[session.id] = (wall, tokens, answers)
+            print(f"{mode} {session.id}: {wall:.2f} s, {tokens} tokens", flush=True)
+        return out, ttft_sum_s(url) - ttft0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", nargs="+", default=["none", "auto", "ngram"])
+    ap.add_argument("--sessions", nargs="+", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    sessions = load_sessions(args.sessions)
+    results, ttft = {}, {}
+    for mode in args.modes:
+        first = results.get(args.modes[0])
+        histories = {sid: r[2] for sid, r in first.items()} if first else None
+        results[mode], ttft[mode] = run_mode(mode, sessions, args.threads, histories)
+    base = args.modes[0]
+    ids = [s.id for s in sessions]
+    for sid in [*ids, "all"]:
+        keys = ids if sid == "all" else [sid]
+        wall = {m: sum(results[m][k][0] for k in keys) for m in args.modes}
+        cells = "  ".join(f"{m} {wall[base] / wall[m]:.2f}x ({wall[m]:.2f} s)" for m in args.modes)
+        differs = [
+            m for m in args.modes if any(results[m][k][2] != results[base][k][2] for k in keys)
+        ]
+        note = f"  answers differ from {base}: {', '.join(differs)}" if differs else ""
+        print(f"{sid}: {cells}{note}")
+    print("time to first token, summed:", ", ".join(f"{m} {ttft[m]:.2f} s" for m in args.modes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
