@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -41,15 +43,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    args = ap.parse_args()
+@contextmanager
+def running_server(
+    options: Sequence[str], quiet: bool = False
+) -> Iterator[tuple[str, openai.OpenAI, str]]:
+    """`edge-spec serve` with these options on a free 127.0.0.1 port, once /health answers:
+    (its URL, an openai client for it, the model it serves). Stopped on exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "edge_spec.cli", "serve", "--port", str(port)]
-    cmd += ["--threads", str(args.threads), "--ctx-size", "2048"]
-    server = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
+    cmd = [sys.executable, "-m", "edge_spec.cli", "serve", "--port", str(port), *options]
+    output = subprocess.DEVNULL if quiet else None
+    server = subprocess.Popen(
+        cmd, cwd=Path(__file__).resolve().parents[1], stdout=output, stderr=output
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -59,10 +64,25 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             if server.poll() is not None:
-                raise SystemExit("the server exited")
+                raise SystemExit(f"the server ({' '.join(options)}) exited")
             time.sleep(0.3)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-        model = client.models.list().data[0].id
+        yield url, client, client.models.list().data[0].id
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    with running_server(["--threads", str(args.threads), "--ctx-size", "2048"]) as (
+        _,
+        client,
+        model,
+    ):
         client.completions.create(model=model, prompt="Hello", max_tokens=8, temperature=0)
         for label in ("pass 1", "pass 2"):
             totals = {True: [0, 0.0, 0, 0], False: [0, 0.0, 0, 0]}
@@ -88,9 +108,6 @@ def main() -> int:
                 f"{label}: speculation on {on:.1f} tok/s (drafted {totals[True][2]}, "
                 f"accepted {totals[True][3]}), off {off:.1f} tok/s: {on / off:.2f}x"
             )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     return 0
 
 

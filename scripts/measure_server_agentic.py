@@ -14,25 +14,18 @@ Every mode answers the same requests: each session's history is the first mode's
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-import openai
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edge_spec.bench.agentic import load_sessions  # noqa: E402
+from measure_server import running_server  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from edge_spec.bench.agentic import load_sessions, request_messages  # noqa: E402
 
 
 def ttft_sum_s(url: str) -> float:
@@ -44,50 +37,31 @@ def ttft_sum_s(url: str) -> float:
 
 def run_mode(mode: str, sessions, threads: int, histories: dict | None):
     """{session id: (wall seconds, completion tokens, answers)} and the TTFT sum."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "edge_spec.cli", "serve", "--port", str(port)]
-    cmd += ["--draft-mode", mode, "--threads", str(threads), "--ctx-size", "4096"]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    options = ["--draft-mode", mode, "--threads", str(threads), "--ctx-size", "4096"]
     out = {}
-    try:
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit(f"the {mode} server exited")
-            time.sleep(0.3)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-        model = client.models.list().data[0].id
+    with running_server(options, quiet=True) as (url, client, model):
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
         )
         ttft0 = ttft_sum_s(url)
         for session in sessions:
-            messages: list[dict[str, str]] = [{"role": "system", "content": session.system}]
             wall, tokens, answers = 0.0, 0, []
-            for i, turn in enumerate(session.turns):
-                messages += [dict(m) for m in turn]
+            for i in range(len(session.turns)):
+                # The history every mode is asked with: the first mode's answers.
+                given = histories[session.id][:i] if histories else answers
                 t0 = time.perf_counter()
                 done = client.chat.completions.create(
-                    model=model, messages=messages, max_tokens=384, temperature=0
+                    model=model,
+                    messages=request_messages(session, given),
+                    max_tokens=384,
+                    temperature=0,
                 )
                 wall += time.perf_counter() - t0
                 tokens += done.usage.completion_tokens
-                answer = done.choices[0].message.content or ""
-                answers.append(answer)
-                # The history every mode is asked with: the first mode's answers.
-                given = histories[session.id][i] if histories else answer
-                messages.append({"role": "assistant", "content": given})
+                answers.append(done.choices[0].message.content or "")
             out[session.id] = (wall, tokens, answers)
             print(f"{mode} {session.id}: {wall:.2f} s, {tokens} tokens", flush=True)
         return out, ttft_sum_s(url) - ttft0
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> int:
