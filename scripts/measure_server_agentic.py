@@ -9,11 +9,18 @@ all of them, as ratios to the first mode.
 
 Every mode answers the same requests: each session's history is the first mode's own answers
 (at T = 0 every exact mode produces them anyway; the script says where one did not).
+
+A mode `lcpp-nNgG` (not first) is the peer: llama-cpp-python's prompt lookup (N tokens,
+G-grams) on the same target, the way its own server answers a conversation -- one `Llama`
+that keeps the longest prefix of the last request's tokens and evaluates the rest with its
+first draft -- driven in this process on the prompts edge-spec renders (the same token ids),
+timed the same way: wall time per request, prefill included.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -64,6 +71,49 @@ def run_mode(mode: str, sessions, threads: int, histories: dict | None):
         return out, ttft_sum_s(url) - ttft0
 
 
+def run_lcpp(mode: str, sessions, threads: int, histories: dict):
+    """The peer mode lcpp-nNgG on the histories' requests: {session id: (wall seconds,
+    completion tokens, answers)} and the summed time to first token."""
+    from edge_spec.api import EdgeSpec, EngineConfig
+    from edge_spec.backend import PromptLookupPeer
+    from edge_spec.models import choose_pair
+
+    m = re.fullmatch(r"lcpp-n(\d+)g(\d+)", mode)
+    if m is None:
+        raise SystemExit(f"unknown mode {mode!r} (lcpp-nNgG, e.g. lcpp-n4g4)")
+    target, _ = choose_pair(None, None, chat=True, draft_mode="none")
+    with EdgeSpec(target, None, config=EngineConfig(n_ctx=4096, n_threads=threads)) as spec:
+        prompts = {
+            s.id: [
+                spec.tokenize(spec.render_chat(request_messages(s, histories[s.id][:i])))
+                for i in range(len(s.turns))
+            ]
+            for s in sessions
+        }
+        path = spec.target_path
+    peer = PromptLookupPeer(path, n_ctx=4096, n_threads=threads)
+    peer.generate(prompts[sessions[0].id][0][:8], 8, keep_prefix=True)  # page the weights in
+    out, ttft = {}, 0.0
+    n_pred, n_gram = int(m[1]), int(m[2])
+    try:
+        for session in sessions:
+            wall, tokens, answers = 0.0, 0, []
+            for ids in prompts[session.id]:
+                t0 = time.perf_counter()
+                gen = peer.generate(
+                    ids, 384, num_pred_tokens=n_pred, max_ngram_size=n_gram, keep_prefix=True
+                )
+                wall += time.perf_counter() - t0
+                ttft += gen.prefill_s
+                tokens += len(gen.token_ids)
+                answers.append(peer.detokenize(gen.token_ids))
+            out[session.id] = (wall, tokens, answers)
+            print(f"{mode} {session.id}: {wall:.2f} s, {tokens} tokens", flush=True)
+    finally:
+        peer.close()
+    return out, ttft
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", nargs="+", default=["none", "auto", "ngram"])
@@ -75,7 +125,12 @@ def main() -> int:
     for mode in args.modes:
         first = results.get(args.modes[0])
         histories = {sid: r[2] for sid, r in first.items()} if first else None
-        results[mode], ttft[mode] = run_mode(mode, sessions, args.threads, histories)
+        if mode.startswith("lcpp-"):
+            if histories is None:
+                raise SystemExit("a peer mode needs an edge-spec mode before it")
+            results[mode], ttft[mode] = run_lcpp(mode, sessions, args.threads, histories)
+        else:
+            results[mode], ttft[mode] = run_mode(mode, sessions, args.threads, histories)
     base = args.modes[0]
     ids = [s.id for s in sessions]
     for sid in [*ids, "all"]:
@@ -83,7 +138,12 @@ def main() -> int:
         wall = {m: sum(results[m][k][0] for k in keys) for m in args.modes}
         cells = "  ".join(f"{m} {wall[base] / wall[m]:.2f}x ({wall[m]:.2f} s)" for m in args.modes)
         differs = [
-            m for m in args.modes if any(results[m][k][2] != results[base][k][2] for k in keys)
+            m
+            for m in args.modes
+            if any(
+                [a.strip() for a in results[m][k][2]] != [a.strip() for a in results[base][k][2]]
+                for k in keys
+            )
         ]
         note = f"  answers differ from {base}: {', '.join(differs)}" if differs else ""
         print(f"{sid}: {cells}{note}")

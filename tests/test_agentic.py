@@ -92,3 +92,23 @@ def test_llama_cpp_pythons_prompt_lookup_takes_requests_longer_than_a_batch(targ
         assert len(out.token_ids) <= 8 and out.finish_reason in ("eos", "length")
     finally:
         peer.close()
+
+
+@pytest.mark.models
+def test_llama_cpp_pythons_prompt_lookup_keeps_a_conversations_prefix(target_path) -> None:
+    """As its own server answers a conversation (scripts/measure_server_agentic.py): the next
+    request reuses the longest prefix the Llama still holds and evaluates only the rest, and
+    answers as it does from scratch."""
+    from edge_spec.backend import PromptLookupPeer
+
+    peer = PromptLookupPeer(target_path, n_ctx=1024, n_threads=2, num_pred_tokens=4)
+    try:
+        first = list(range(10, 20)) * 20
+        answer = peer.generate(first, max_tokens=16, keep_prefix=True).token_ids
+        second = [*first, *answer, *range(30, 60)]  # the history, the answer, a new turn
+        kept = peer.generate(second, max_tokens=16, keep_prefix=True)
+        fresh = peer.generate(second, max_tokens=16)
+        assert kept.token_ids == fresh.token_ids and len(kept.token_ids) > 0
+        assert peer.detokenize(kept.token_ids) == peer.detokenize(fresh.token_ids)
+    finally:
+        peer.close()

@@ -456,6 +456,30 @@ def test_a_model_probe_is_skipped_while_the_draft_lags_far_on_a_cpu() -> None:
     assert policy.plan(MODEL_ONLY, 8, None) == StepPlan("model", 1)
 
 
+def test_model_probes_get_less_budget_while_its_steps_gained_nothing() -> None:
+    """A probe at a request's start catches the draft up over the prompt: on a CPU it is
+    afforded from the time since the model last drafted, a quarter as much once the last
+    MODEL_GAIN_REQUESTS requests gained nothing from the model's own steps."""
+    costs = cpu_costs(c=0.54)
+
+    def first_plan(plain_per_request: tuple[int, ...], model_gained: bool = False) -> StepPlan:
+        policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.82}, risk_floor=None)
+        for i, n_plain in enumerate(plain_per_request):
+            policy.begin(model_lag=1)
+            if model_gained and i == 0:
+                policy.update(outcome("model", 4, 4, costs))  # chosen, all accepted: a gain
+            for _ in range(n_plain):
+                policy.update(outcome("none", 0, 0, costs))
+        policy.begin(model_lag=100)  # a probe now re-decodes 100 tokens
+        return policy.plan(MODEL_ONLY, 8, None)
+
+    # The same 450 plain steps since the model last drafted, over 2 or 3 earlier requests.
+    assert first_plan((225, 225)) == StepPlan("model", 1)
+    assert first_plan((150, 150, 150)) == PLAIN  # 4 requests without a gain: a quarter
+    assert first_plan((150, 150, 150), model_gained=True) == StepPlan("model", 1)
+    assert first_plan((600, 600, 600)) == StepPlan("model", 1)  # four times as long: affordable
+
+
 def test_ngram_candidates_are_scored_on_the_produced_tokens() -> None:
     costs = cpu_costs(c=0.54)
     policy = CostModelK(costs, k_max=8, prior_alpha={"ngram": 0.3})

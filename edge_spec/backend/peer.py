@@ -84,22 +84,30 @@ class PromptLookupPeer:
         *,
         num_pred_tokens: int | None = None,
         max_ngram_size: int | None = None,
+        keep_prefix: bool = False,
     ) -> PeerGeneration:
         """Greedy at temperature 0; otherwise its sampler with only the temperature on. The
         lookup settings may change per call (one Llama serves every setting of a sweep: with
-        logits for every row it holds n_ctx x n_vocab floats)."""
+        logits for every row it holds n_ctx x n_vocab floats).
+
+        By default the prompt is evaluated from scratch and timed apart from the decode. With
+        keep_prefix, as llama-cpp-python's own server serves a conversation, `Llama.generate`
+        reuses the longest prefix it still holds from the previous call and evaluates the rest
+        with its first draft; prefill_s is then the time to the first token."""
         ids = [int(t) for t in prompt_ids]
         if not ids or len(ids) + max_tokens > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} + {max_tokens} tokens exceed {self.n_ctx}")
         llm = self._llm
-        llm.reset()
+        if not keep_prefix:
+            llm.reset()
         llm.set_seed(seed)
         draft = self._draft
         draft.calls = draft.drafted = 0
         draft.num_pred_tokens = num_pred_tokens or self.settings["num_pred_tokens"]
         draft.max_ngram_size = max_ngram_size or self.settings["max_ngram_size"]
         t0 = time.perf_counter()
-        llm.eval(ids)  # the prompt; generate() below finds it cached and samples at once
+        if not keep_prefix:
+            llm.eval(ids)  # the prompt; generate() below finds it cached and samples at once
         t1 = time.perf_counter()
         out: list[int] = []
         finish = "length"
@@ -108,6 +116,8 @@ class PromptLookupPeer:
         )
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         for token in sampler:
+            if not out and keep_prefix:
+                t1 = time.perf_counter()  # the prompt's pass ends with the first token
             if llama_cpp.llama_vocab_is_eog(vocab, token):
                 finish = "eos"
                 break
@@ -122,6 +132,9 @@ class PromptLookupPeer:
         return PeerGeneration(
             tuple(out), t1 - t0, decode_s, finish, draft.calls, draft.drafted, n_accepted
         )
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._llm.detokenize([int(t) for t in token_ids]).decode("utf-8", errors="replace")
 
     def close(self) -> None:
         self._llm.close()

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Copy prompts -- answers that re-emit text the prompt holds, whole or transformed (repeat
+a listing or a paragraph, CSV to a Markdown table or JSON, JSON to YAML, rename a variable,
+add an item or docstrings, quote a passage) -- through each draft mode, against the target
+alone: decode tokens/s per prompt and the median ratio. Written for this check, never tuned on.
+
+    .venv/bin/python scripts/measure_copy_prompts.py            # the chat pair, --chat form
+    .venv/bin/python scripts/measure_copy_prompts.py --base     # the default pair, documents
+
+Each request drafts from itself alone (session None), as a fresh `edge-spec generate` does;
+greedy, up to 256 tokens; the script says where a mode's text differs from the first mode's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CODE = """def parse_config(path):
+    settings = {}
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if "=" not in line:
+                raise ValueError(f"{path}:{line_number}: expected key=value")
+            key, value = line.split("=", 1)
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def merge(defaults, overrides):
+    merged = dict(defaults)
+    for key, value in overrides.items():
+        if value == "":
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+"""
+PROSE = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the "
+    "wick, polished the great lens until it shone, and wrote the weather in a leather "
+    "logbook: wind from the north-west, a heavy swell, two fishing boats returning late. In "
+    "forty years he had missed only one night, the winter his daughter was born, and even "
+    "then his brother kept the light burning until dawn."
+)
+CSV = """name,age,city,role
+Alice Martin,34,Lyon,engineer
+Bruno Costa,28,Porto,designer
+Chen Wei,45,Shenzhen,manager
+Dana Kowalski,39,Krakow,analyst
+Emeka Obi,31,Lagos,developer
+Farah Haddad,26,Beirut,researcher"""
+JSON = """{
+  "server": {"host": "0.0.0.0", "port": 8080, "workers": 4},
+  "database": {"url": "postgres://db.internal:5432/app", "pool_size": 10, "timeout_s": 30},
+  "logging": {"level": "info", "file": "/var/log/app.log", "rotate_mb": 50},
+  "features": {"signup": true, "billing": false, "search": true}
+}"""
+HTML = """<ul class="menu">
+  <li><a href="/home">Home</a></li>
+  <li><a href="/products">Products</a></li>
+  <li><a href="/pricing">Pricing</a></li>
+  <li><a href="/blog">Blog</a></li>
+  <li><a href="/contact">Contact</a></li>
+</ul>"""
+SQL = """SELECT customers.id, customers.name, orders.total, orders.created_at
+FROM customers
+JOIN orders ON orders.customer_id = customers.id
+WHERE orders.created_at >= '2024-01-01'
+  AND orders.status = 'shipped'
+ORDER BY orders.created_at DESC
+LIMIT 50;"""
+
+# (id, chat instruction, base-model document prompt)
+PROMPTS = [
+    (
+        "repeat-code",
+        f"Repeat this code exactly, with no changes:\n\n{CODE}",
+        f"Original file:\n\n{CODE}\n\nThe same file, copied exactly:\n\n",
+    ),
+    (
+        "repeat-prose",
+        f"Repeat this paragraph word for word:\n\n{PROSE}",
+        f"Paragraph:\n{PROSE}\n\nThe same paragraph, copied word for word:\n",
+    ),
+    (
+        "csv-to-markdown",
+        f"Convert these CSV rows to a Markdown table:\n\n{CSV}",
+        f"CSV:\n{CSV}\n\nThe same data as a Markdown table:\n\n"
+        "| name | age | city | role |\n|---|---|---|---|\n",
+    ),
+    (
+        "json-to-yaml",
+        f"Convert this JSON to YAML:\n\n{JSON}",
+        f"JSON:\n{JSON}\n\nThe same configuration in YAML:\n\n",
+    ),
+    (
+        "rename-variable",
+        f"Rewrite this code with the variable `settings` renamed to `config`:\n\n{CODE}",
+        f"Before:\n\n{CODE}\n\nAfter renaming `settings` to `config`:\n\n",
+    ),
+    (
+        "add-item",
+        f"Add a 'Careers' link before 'Contact' in this HTML and show the full list:\n\n{HTML}",
+        f"Before:\n{HTML}\n\nAfter adding a Careers link before Contact:\n",
+    ),
+    (
+        "sql-format",
+        f"Rewrite this SQL query with the keywords in lowercase:\n\n{SQL}",
+        f"Query:\n{SQL}\n\nThe same query with lowercase keywords:\n",
+    ),
+    (
+        "quote-answer",
+        f"{PROSE}\n\nQuote the sentence that says how long he kept the light, then say who "
+        "kept it the night he missed.",
+        f'{PROSE}\n\nQuestion: Quote the sentence about the night he missed.\nAnswer: "',
+    ),
+    (
+        "docstring",
+        "Add a one-line docstring to each function in this code and show the whole file:"
+        f"\n\n{CODE}",
+        f"Without docstrings:\n\n{CODE}\n\nWith a one-line docstring in each function:\n\n",
+    ),
+    (
+        "csv-to-json",
+        f"Convert these CSV rows to a JSON list of objects:\n\n{CSV}",
+        f"CSV:\n{CSV}\n\nThe same rows as JSON:\n\n[",
+    ),
+]
+
+
+def main() -> int:
+    from edge_spec.api import EdgeSpec, EngineConfig
+    from edge_spec.models import choose_pair
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", action="store_true", help="the default pair on document prompts")
+    ap.add_argument("--modes", nargs="+", default=["none", "ngram", "auto"])
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    target, draft = choose_pair(None, None, chat=not args.base)
+    rates: dict[str, dict[str, float]] = {}
+    config = EngineConfig(n_ctx=2048, n_threads=args.threads)
+    with EdgeSpec(target, draft, config=config) as spec:
+        spec.generate("Hello", max_tokens=8, draft_mode="none")  # page the weights in
+        for pid, instruction, document in PROMPTS:
+            text = (
+                document
+                if args.base
+                else spec.render_chat([{"role": "user", "content": instruction}])
+            )
+            rates[pid], texts = {}, []
+            for mode in args.modes:
+                result = spec.generate(
+                    text,
+                    max_tokens=args.max_tokens,
+                    temperature=0.0,
+                    draft_mode=mode,
+                    session=None,
+                )
+                rates[pid][mode] = result.stats.tokens_per_s
+                texts.append(result.text)
+            cells = "  ".join(f"{m} {rates[pid][m]:.1f}" for m in args.modes)
+            same = "" if len(set(texts)) == 1 else "  (texts differ)"
+            print(f"{pid}: {len(result.token_ids)} tokens, tokens/s {cells}{same}", flush=True)
+    base = args.modes[0]
+    for mode in args.modes[1:]:
+        ratios = [rates[p][mode] / rates[p][base] for p in rates]
+        listed = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"{mode} / {base}: median {statistics.median(ratios):.2f}x ({listed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
