@@ -42,38 +42,48 @@ def ttft_sum_s(url: str) -> float:
     return float("nan")
 
 
-def run_mode(mode: str, sessions, threads: int, histories: dict | None):
-    """{session id: (wall seconds, completion tokens, answers)} and the TTFT sum."""
-    options = ["--draft-mode", mode, "--threads", str(threads), "--ctx-size", "4096"]
+def drive(mode: str, sessions, histories: dict | None, answer) -> dict:
+    """Every session turn by turn, each request timed at the caller: answer(session id, turn
+    index, messages) -> (completion tokens, text). {session id: (wall seconds, completion
+    tokens, answers)}."""
     out = {}
+    for session in sessions:
+        wall, tokens, answers = 0.0, 0, []
+        for i in range(len(session.turns)):
+            # The history every mode is asked with: the first mode's answers.
+            given = histories[session.id][:i] if histories else answers
+            t0 = time.perf_counter()
+            n_tokens, text = answer(session.id, i, request_messages(session, given))
+            wall += time.perf_counter() - t0
+            tokens += n_tokens
+            answers.append(text)
+        out[session.id] = (wall, tokens, answers)
+        print(f"{mode} {session.id}: {wall:.2f} s, {tokens} tokens", flush=True)
+    return out
+
+
+def run_mode(mode: str, sessions, threads: int, histories: dict | None):
+    """drive()'s results through `edge-spec serve --draft-mode MODE`, and the TTFT sum."""
+    options = ["--draft-mode", mode, "--threads", str(threads), "--ctx-size", "4096"]
     with running_server(options, quiet=True) as (url, client, model):
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
         )
         ttft0 = ttft_sum_s(url)
-        for session in sessions:
-            wall, tokens, answers = 0.0, 0, []
-            for i in range(len(session.turns)):
-                # The history every mode is asked with: the first mode's answers.
-                given = histories[session.id][:i] if histories else answers
-                t0 = time.perf_counter()
-                done = client.chat.completions.create(
-                    model=model,
-                    messages=request_messages(session, given),
-                    max_tokens=384,
-                    temperature=0,
-                )
-                wall += time.perf_counter() - t0
-                tokens += done.usage.completion_tokens
-                answers.append(done.choices[0].message.content or "")
-            out[session.id] = (wall, tokens, answers)
-            print(f"{mode} {session.id}: {wall:.2f} s, {tokens} tokens", flush=True)
+
+        def answer(_sid, _i, messages):
+            done = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=384, temperature=0
+            )
+            return done.usage.completion_tokens, done.choices[0].message.content or ""
+
+        out = drive(mode, sessions, histories, answer)
         return out, ttft_sum_s(url) - ttft0
 
 
 def run_lcpp(mode: str, sessions, threads: int, histories: dict):
-    """The peer mode lcpp-nNgG on the histories' requests: {session id: (wall seconds,
-    completion tokens, answers)} and the summed time to first token."""
+    """drive()'s results for the peer mode lcpp-nNgG on the histories' requests (rendered and
+    tokenized before the clock starts), and the summed time to first token."""
     from edge_spec.api import EdgeSpec, EngineConfig
     from edge_spec.backend import PromptLookupPeer
     from edge_spec.models import choose_pair
@@ -93,25 +103,21 @@ def run_lcpp(mode: str, sessions, threads: int, histories: dict):
         path = spec.target_path
     peer = PromptLookupPeer(path, n_ctx=4096, n_threads=threads)
     peer.generate(prompts[sessions[0].id][0][:8], 8, keep_prefix=True)  # page the weights in
-    out, ttft = {}, 0.0
     n_pred, n_gram = int(m[1]), int(m[2])
+    prefill_s = []
+
+    def answer(sid, i, _messages):  # the same request, rendered above
+        gen = peer.generate(
+            prompts[sid][i], 384, num_pred_tokens=n_pred, max_ngram_size=n_gram, keep_prefix=True
+        )
+        prefill_s.append(gen.prefill_s)
+        return len(gen.token_ids), peer.detokenize(gen.token_ids)
+
     try:
-        for session in sessions:
-            wall, tokens, answers = 0.0, 0, []
-            for ids in prompts[session.id]:
-                t0 = time.perf_counter()
-                gen = peer.generate(
-                    ids, 384, num_pred_tokens=n_pred, max_ngram_size=n_gram, keep_prefix=True
-                )
-                wall += time.perf_counter() - t0
-                ttft += gen.prefill_s
-                tokens += len(gen.token_ids)
-                answers.append(peer.detokenize(gen.token_ids))
-            out[session.id] = (wall, tokens, answers)
-            print(f"{mode} {session.id}: {wall:.2f} s, {tokens} tokens", flush=True)
+        out = drive(mode, sessions, histories, answer)
     finally:
         peer.close()
-    return out, ttft
+    return out, sum(prefill_s)
 
 
 def main() -> int:
