@@ -6,6 +6,10 @@ alone: decode tokens/s per prompt and the median ratio. Written for this check, 
 
     .venv/bin/python scripts/measure_copy_prompts.py            # the chat pair, --chat form
     .venv/bin/python scripts/measure_copy_prompts.py --base     # the default pair, documents
+    .venv/bin/python scripts/measure_copy_prompts.py --set 2    # a second set, written later
+
+Set 2 (ten more prompts, written after set 1 had been measured, and not tuned on either) asks
+in the same words in both forms; the default pair gets it as "Request: ...  Answer:".
 
 Each request drafts from itself alone (session None), as a fresh `edge-spec generate` does;
 greedy, up to 256 tokens; the script says where a mode's text differs from the first mode's.
@@ -136,6 +140,113 @@ PROMPTS = [
 ]
 
 
+JS = """function totalPrice(items, taxRate) {
+  var subtotal = 0;
+  for (var i = 0; i < items.length; i++) {
+    var item = items[i];
+    subtotal += item.price * item.quantity;
+  }
+  var tax = subtotal * taxRate;
+  var total = subtotal + tax;
+  return Math.round(total * 100) / 100;
+}"""
+AVERAGE = """def moving_average(values, window):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    result = []
+    total = 0.0
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index >= window - 1:
+            result.append(total / window)
+    return result"""
+NGINX = """server {
+    listen 8080;
+    server_name example.org www.example.org;
+    root /var/www/example;
+    index index.html;
+
+    location / {
+        try_files $uri $uri/ =404;
+    }
+
+    location /api/ {
+        proxy_pass http://127.0.0.1:5000/;
+        proxy_set_header Host $host;
+    }
+}"""
+MENU = """- Tomato soup
+- Grilled cheese sandwich
+- Caesar salad
+- Mushroom risotto
+- Beef stew
+- Lemon tart
+- Apple crumble
+- Chicken curry"""
+YAML = """service:
+  name: billing
+  replicas: 3
+  image: registry.local/billing:2.4.1
+  env:
+    LOG_LEVEL: info
+    DB_HOST: db.internal
+    DB_PORT: 5432
+  ports:
+    - 8000
+    - 8001"""
+MINUTES = (
+    "The comittee met on Tuesday to review the budget for the coming year. After a long "
+    "discussion, the members agreed to increase funding for the public library and to "
+    "postpone the renovation of the town hall until the spring."
+)
+PLANETS = """| Planet | Moons | Distance (AU) |
+|---|---|---|
+| Mercury | 0 | 0.39 |
+| Venus | 0 | 0.72 |
+| Earth | 1 | 1.00 |
+| Mars | 2 | 1.52 |
+| Jupiter | 95 | 5.20 |"""
+
+# Set 2: (id, request), the same words for both pairs.
+REQUESTS_2 = [
+    (
+        "js-const",
+        "Rewrite this JavaScript with let and const instead of var, and show the whole "
+        f"function:\n\n{JS}",
+    ),
+    (
+        "type-hints",
+        f"Add type hints to this Python function and show the whole function:\n\n{AVERAGE}",
+    ),
+    (
+        "nginx-port",
+        "Change the port from 8080 to 9090 in this nginx config and show the full config:"
+        f"\n\n{NGINX}",
+    ),
+    ("numbered-list", f"Turn this bulleted list into a numbered list:\n\n{MENU}"),
+    ("yaml-to-json", f"Convert this YAML to JSON:\n\n{YAML}"),
+    (
+        "fix-typo",
+        "Fix the spelling mistake in this paragraph and return the whole corrected paragraph:"
+        f"\n\n{MINUTES}",
+    ),
+    ("markdown-to-csv", f"Convert this Markdown table to CSV:\n\n{PLANETS}"),
+    (
+        "comment-lines",
+        "Add a comment above each line of the loop body in this function, and show the whole "
+        f"function:\n\n{AVERAGE}",
+    ),
+    (
+        "rename-function",
+        f"Rename the function totalPrice to computeTotal and show the code:\n\n{JS}",
+    ),
+    ("sort-list", f"Sort this list alphabetically:\n\n{MENU}"),
+]
+PROMPTS_2 = [(pid, request, f"Request: {request}\n\nAnswer:\n") for pid, request in REQUESTS_2]
+
+
 def main() -> int:
     from edge_spec.api import EdgeSpec, EngineConfig
     from edge_spec.models import choose_pair
@@ -145,13 +256,14 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["none", "ngram", "auto"])
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--set", type=int, choices=(1, 2), default=1, help="which prompt set")
     args = ap.parse_args()
     target, draft = choose_pair(None, None, chat=not args.base)
     rates: dict[str, dict[str, float]] = {}
     config = EngineConfig(n_ctx=2048, n_threads=args.threads)
     with EdgeSpec(target, draft, config=config) as spec:
         spec.generate("Hello", max_tokens=8, draft_mode="none")  # page the weights in
-        for pid, instruction, document in PROMPTS:
+        for pid, instruction, document in PROMPTS if args.set == 1 else PROMPTS_2:
             text = (
                 document
                 if args.base

@@ -12,6 +12,8 @@ or the policy can be tried in seconds this way before a 30-minute bench; the rep
 real runs within 1-3 % so far.
 
     .venv/bin/python scripts/replay_ngram.py bench/results/issue4-peers-t0
+    .venv/bin/python scripts/replay_ngram.py bench/results/issue13-agentic-idle-probes2 \
+        --fitted both --shape linear    # agentic: long histories, each conversation too
 """
 
 from __future__ import annotations
@@ -30,32 +32,47 @@ from edge_spec.backend import common_prefix  # noqa: E402
 from edge_spec.bench.prompts import load_prompts  # noqa: E402
 from edge_spec.cost_policy import CostModelK  # noqa: E402
 from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
-from edge_spec.policy import CostCurve, StepOutcome  # noqa: E402
+from edge_spec.policy import DEFAULT_K_MAX, CostCurve, StepOutcome  # noqa: E402
 
 
-def fitted_curve(runs, profile: CostCurve) -> CostCurve:
+def fitted_curve(runs, profile: CostCurve, strategy: str, linear: bool = False) -> CostCurve:
     """t(n) fitted to the run's own steps: t(1) from the target alone's runs (time inside
-    llama_decode per step), and one factor beta on the profile's extra cost of a larger batch,
-    t(n) = t(1) + beta * (profile t(n) - profile t(1)), least squares over every other run's
-    histogram of k. One parameter, because runs use most sizes too rarely to fit each."""
+    llama_decode per step), and one factor on the extra cost of a larger batch, least squares
+    over the replayed strategy's runs' histograms of k. The extra cost is beta * (profile t(n)
+    - profile t(1)), or with linear=True beta * (n - 1): at the agentic sessions' long contexts
+    attention adds a cost per verified token that the profile (taken at a 128-token context)
+    does not show, and the profile's shape then misfits. One parameter, because runs use most
+    sizes too rarely to fit each."""
     import numpy as np
 
     plain = [r for r in runs if r.get("llama_decode_s") and len(r["k_chosen"]) == 1]
     t1 = sum(r["llama_decode_s"] for r in plain) / sum(r["k_chosen"][0] for r in plain)
     n_max = len(profile.verify_s)
+
+    def shape(n: int) -> float:
+        return float(n - 1) if linear else profile.t(n) - profile.t(1)
+
     extra, rest = [], []
     for r in runs:
-        if r.get("llama_decode_s") and len(r["k_chosen"]) > 1:
-            counts = r["k_chosen"][:n_max]
-            extra.append(sum(c * (profile.t(k + 1) - profile.t(1)) for k, c in enumerate(counts)))
+        if r["strategy"] == strategy and r.get("llama_decode_s") and len(r["k_chosen"]) > 1:
+            counts = r["k_chosen"]
+            extra.append(sum(c * shape(k + 1) for k, c in enumerate(counts)))
             rest.append(r["llama_decode_s"] - t1 * sum(counts))
     beta = float(np.dot(extra, rest) / np.dot(extra, extra))
-    values = [t1 + beta * (profile.t(n) - profile.t(1)) for n in range(1, n_max + 1)]
+    values = [t1 + beta * shape(n) for n in range(1, max(n_max, DEFAULT_K_MAX + 1) + 1)]
     return CostCurve(tuple(values), profile.draft_token_s, profile.ngram_s)
 
 
 def walk(
-    prompt, truth, curve, overhead_s, policy, clairvoyant=False, k_max=16, charge=None, draft=None
+    prompt,
+    truth,
+    curve,
+    overhead_s,
+    policy,
+    clairvoyant=False,
+    k_max=DEFAULT_K_MAX,
+    charge=None,
+    draft=None,
 ):
     """(tokens, replayed seconds) for one prompt; policy None with clairvoyant=True. Steps are
     charged at `charge` (default: curve, the one the policy plans with). `draft`: an NgramDraft
@@ -91,6 +108,23 @@ def walk(
     return len(truth), time_s
 
 
+def conversation_speedups(runs, strategy: str) -> dict[str, float]:
+    """The run's measured T = 0 speedup per agentic conversation: decode tokens/s over all its
+    turns and repeats, the strategy's over the target alone's."""
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in runs:
+        if r["strategy"] in ("target", strategy) and not r["temperature"]:
+            cell = sums[(r["prompt_id"].split("/")[0], r["strategy"])]
+            cell[0] += r["n_generated"]
+            cell[1] += r["decode_s"]
+    rate = {key: n / s for key, (n, s) in sums.items() if s}
+    return {
+        conv: rate[(conv, strategy)] / rate[(conv, "target")]
+        for conv, name in rate
+        if name == "target" and (conv, strategy) in rate
+    }
+
+
 def agentic_requests(spec, truth):
     """An agentic run's requests, rebuilt as run_agentic built them: each turn's messages after
     the target's own earlier answers (its token ids in the run, detokenized)."""
@@ -114,7 +148,7 @@ def agentic_requests(spec, truth):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="a bench results folder (T = 0, with ngram-cost)")
-    ap.add_argument("--k-max", type=int, default=16)
+    ap.add_argument("--k-max", type=int, default=DEFAULT_K_MAX, help="the engine's by default")
     ap.add_argument("--strategy", default=None, help="the run's n-gram strategy: ngram-cost, ngram")
     ap.add_argument("--worst", type=int, default=0, help="list the N slowest prompts, replayed")
     ap.add_argument("--ngram-prior", type=float, default=None, help="CostModelK's n-gram prior")
@@ -131,25 +165,31 @@ def main() -> int:
         help="charge steps at t(n) fitted to the run's own steps; 'both': plan with it too",
     )
     ap.add_argument(
+        "--shape",
+        choices=("profile", "linear"),
+        default="profile",
+        help="the fitted extra cost of n tokens: the profile's t(n) - t(1) scaled, or n - 1",
+    )
+    ap.add_argument(
         "--fresh", action="store_true", help="a new policy per prompt (a process per request)"
     )
     args = ap.parse_args()
     record = json.loads((args.folder / "results.json").read_text(encoding="utf-8"))
     cc = record["cost_curve"]
     curve = CostCurve(tuple(cc["verify_s"]), cc["draft_token_s"], cc["ngram_s"])
-    charge = None
-    if args.fitted:
-        t0_runs = [r for r in record["runs"] if not r["temperature"]]
-        charge = fitted_curve(t0_runs, curve)
-        print("fitted t(n) ms:", " ".join(f"{t * 1e3:.1f}" for t in charge.verify_s[:8]))
-        if args.fitted == "both":
-            curve = charge
     summaries = {
         (s["category"], s["strategy"]): s for s in record["summaries"] if not s["temperature"]
     }
     strategy = args.strategy or next(
         (name for name in ("ngram-cost", "ngram") if ("all", name) in summaries), "ngram-cost"
     )
+    charge = None
+    if args.fitted:
+        t0_runs = [r for r in record["runs"] if not r["temperature"]]
+        charge = fitted_curve(t0_runs, curve, strategy, linear=args.shape == "linear")
+        print("fitted t(n) ms:", " ".join(f"{t * 1e3:.1f}" for t in charge.verify_s[:8]))
+        if args.fitted == "both":
+            curve = charge
     chat = bool(record.get("settings", {}).get("chat"))
     everything = summaries.get(("all", strategy))
     overhead_s = 0.0
@@ -207,16 +247,19 @@ def main() -> int:
         )
         plain_s = n * ((charge or curve).t(1) + overhead_s)
         per_prompt[p.id] = plain_s / replayed_s
-        for key in (p.category, p.kind, "all"):
+        # Agentic runs: each conversation too, after its category.
+        keys = (p.category, p.kind, "all") + ((p.id.split("/")[0],) if agentic else ())
+        for key in keys:
             for i, value in enumerate((plain_s, replayed_s, bound_s)):
                 totals[key][i] += value
     print(f"t(1) {curve.t(1) * 1e3:.1f} ms, overhead {overhead_s * 1e3:.2f} ms/step")
     print(f"{'category':<18} {'replayed':>9} {'measured':>9} {'clairvoyant':>12}")
+    by_conversation = conversation_speedups(record["runs"], strategy) if agentic else {}
     kinds = {p.kind for p in prompts}
     order = sorted(totals, key=lambda key: (key == "all", key in kinds))  # categories, kinds, all
     for key in order:
         plain_s, replayed_s, bound_s = totals[key]
-        measured = summaries.get((key, strategy), {}).get("speedup")
+        measured = summaries.get((key, strategy), {}).get("speedup") or by_conversation.get(key)
         shown = f"{measured:.2f}x" if measured else "-"
         print(f"{key:<18} {plain_s / replayed_s:>8.2f}x {shown:>9} {plain_s / bound_s:>11.2f}x")
     if args.worst:

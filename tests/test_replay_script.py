@@ -46,3 +46,25 @@ def test_a_copy_pays_and_nothing_beats_the_clairvoyant_walk() -> None:
             assert plain_like / replayed_s > 2.0, plain_like / replayed_s
         else:  # no candidate ever: every step is a plain one
             assert math.isclose(bound_s, plain_like) and math.isclose(replayed_s, plain_like)
+
+
+def test_the_linear_fit_recovers_the_cost_per_verified_token() -> None:
+    # Steps that cost t(1) = 14 ms plus 2.5 ms per drafted token, whatever the profile says;
+    # another strategy's runs (a model's draft time inside llama_decode) are left out.
+    replay = load_script()
+    t1_s, per_token_s = 0.014, 0.0025
+    runs = [{"strategy": "target", "llama_decode_s": 50 * t1_s, "k_chosen": [50]}]
+    for counts in ([10, 0, 3, 0, 5], [4, 6, 0, 0, 0, 0, 0, 0, 2], [1] * 20):
+        steps = sum(counts)
+        drafted = sum(k * c for k, c in enumerate(counts))
+        runs.append(
+            {
+                "strategy": "ngram",
+                "llama_decode_s": steps * t1_s + drafted * per_token_s,
+                "k_chosen": counts,
+            }
+        )
+    runs.append({"strategy": "auto", "llama_decode_s": 9.0, "k_chosen": [1, 1]})
+    fitted = replay.fitted_curve(runs, curve(), "ngram", linear=True)
+    for n in (1, 2, 8, 33):
+        assert math.isclose(fitted.t(n), t1_s + (n - 1) * per_token_s, rel_tol=1e-9), n
