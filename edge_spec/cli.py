@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .device import add_profile_parser
     from .headtrain.command import add_head_parser
     from .server.command import add_serve_parser
-    from .simulate import add_simulate_parser
+    from .simulate.command import add_simulate_parser
 
     add_chat_parser(sub)
     add_profile_parser(sub)
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_profile(args)
         if args.command == "simulate":
-            from .simulate import run_simulate
+            from .simulate.command import run_simulate
 
             return run_simulate(args)
         if args.command == "bench":

@@ -19,7 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edge_spec.simulate import list_profiles, load_profile, load_traces, simulate  # noqa: E402
+from edge_spec.simulate.curves import list_profiles, load_profile  # noqa: E402
+from edge_spec.simulate.replay import simulate  # noqa: E402
+from edge_spec.simulate.traces import load_traces  # noqa: E402
 
 
 def main() -> None:

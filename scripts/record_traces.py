@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record acceptance traces on the real models, for `edge-spec simulate` (edge_spec/simulate.py).
+"""Record acceptance traces on the real models, for `edge-spec simulate` (edge_spec/simulate/).
 
 For each prompt the target's greedy continuation of N tokens is generated once; then, at every
 position pos of it, the script records what each draft source would have proposed from the
@@ -62,7 +62,7 @@ from edge_spec.keys import SampleKeys  # noqa: E402
 from edge_spec.models import default_pair, resolve  # noqa: E402
 from edge_spec.probes import time_batches  # noqa: E402
 from edge_spec.sampling import SamplingParams  # noqa: E402
-from edge_spec.simulate import K_MAX, TRACE_SCHEMA  # noqa: E402
+from edge_spec.simulate.traces import K_MAX, TRACE_SCHEMA  # noqa: E402
 from edge_spec.vocab import check_compatible  # noqa: E402
 
 MAX_NGRAM, MIN_NGRAM = 3, 1

@@ -25,7 +25,8 @@ from edge_spec.policy import (
     make_policy,
     token_tree,
 )
-from edge_spec.simulate import PromptTrace, replay
+from edge_spec.simulate.replay import replay
+from edge_spec.simulate.traces import PromptTrace
 
 MS = 1e-3
 MODEL_ONLY = ("model", "none")

@@ -14,19 +14,10 @@ import pytest
 
 from edge_spec.cost_policy import CostModelK
 from edge_spec.policy import CostCurve, FixedK, HeuristicK
-from edge_spec.simulate import (
-    DEFAULT_TRACES,
-    PromptTrace,
-    ReplayResult,
-    add_simulate_parser,
-    list_profiles,
-    load_profile,
-    load_traces,
-    oracle,
-    replay,
-    run_simulate,
-    simulate,
-)
+from edge_spec.simulate.command import add_simulate_parser, run_simulate
+from edge_spec.simulate.curves import list_profiles, load_profile
+from edge_spec.simulate.replay import ReplayResult, oracle, replay, simulate
+from edge_spec.simulate.traces import DEFAULT_TRACES, PromptTrace, load_traces
 
 MS = 1e-3
 LINEAR = CostCurve(tuple(n * MS for n in range(1, 17)), draft_token_s=0.5 * MS, ngram_s=0.0)
