@@ -6,10 +6,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .errors import ModelFileError
-from .gguf_validate import ARRAY, SCALAR_FORMATS, STRING, validate_gguf
+from .gguf_validate import validate_gguf
 
 GGUF_MAGIC = b"GGUF"
 GGUF_MIN_BYTES = 24  # magic, version, tensor count, kv count
@@ -62,22 +62,9 @@ def check_gguf_file(path: Path) -> int:
 
 def read_metadata(path: Path) -> dict[str, Any]:
     """All metadata key/values of a GGUF file; arrays are returned as their length only.
-    Raises ModelFileError for a missing, non-GGUF or corrupt file."""
-    validate_gguf(path)  # every length below is then known to lie inside the file
-    try:
-        with path.open("rb") as f:
-            f.seek(8)  # magic and version, checked above
-            _read(f, "<Q")  # tensor count
-            n_kv = _read(f, "<Q")
-            meta: dict[str, Any] = {}
-            for _ in range(n_kv):
-                key = _read_string(f)
-                meta[key] = _read_value(f, _read(f, "<I"))
-            return meta
-    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError, ValueError) as exc:
-        raise ModelFileError(f"corrupt GGUF metadata in {path}: {exc}") from exc
-    except OSError as exc:
-        raise ModelFileError(f"cannot read {path}: {exc.strerror}") from exc
+    Raises ModelFileError for a missing, non-GGUF or corrupt file. Read by the validation
+    (cached by file identity), which parses every key anyway."""
+    return dict(validate_gguf(path).metadata)
 
 
 def read_facts(path: Path) -> GgufFacts:
@@ -105,40 +92,3 @@ def read_facts(path: Path) -> GgufFacts:
         n_ctx_train=get("context_length", 0),
         n_vocab=int(meta.get("tokenizer.ggml.tokens", 0)) or get("vocab_size", 0),
     )
-
-
-def _read(f: BinaryIO, fmt: str) -> Any:
-    size = struct.calcsize(fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise struct.error("unexpected end of file")
-    return struct.unpack(fmt, data)[0]
-
-
-def _read_string(f: BinaryIO) -> str:
-    n = _read(f, "<Q")
-    if n > 1 << 24:
-        raise struct.error(f"implausible string length {n}")
-    data = f.read(n)
-    if len(data) != n:
-        raise struct.error("unexpected end of file")
-    return data.decode("utf-8")
-
-
-def _read_value(f: BinaryIO, vtype: int) -> Any:
-    if vtype in SCALAR_FORMATS:
-        return _read(f, SCALAR_FORMATS[vtype])
-    if vtype == STRING:
-        return _read_string(f)
-    if vtype == ARRAY:
-        item_type, n = _read(f, "<I"), _read(f, "<Q")
-        if item_type in SCALAR_FORMATS:
-            f.seek(n * struct.calcsize(SCALAR_FORMATS[item_type]), 1)
-        elif item_type == STRING:
-            for _ in range(n):
-                f.seek(_read(f, "<Q"), 1)
-        else:
-            for _ in range(n):
-                _read_value(f, item_type)
-        return n
-    raise struct.error(f"unknown GGUF value type {vtype}")

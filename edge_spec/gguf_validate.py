@@ -10,6 +10,7 @@ and refused with one ModelFileError naming the field. Results are cached by file
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
@@ -117,6 +118,12 @@ class GgufSummary:
     # name -> (ggml type, dims, absolute byte offset of its data): what a reader of one tensor
     # (the draft head's embedding rows) needs, already checked to lie inside the file.
     tensors: dict[str, TensorLayout] = field(default_factory=dict, compare=False, repr=False)
+    # Every key's value: scalars and strings as read, arrays as their length (what memory
+    # planning reads, gguf.read_metadata, without a second pass over the file).
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # sha256 of tokenizer.ggml.tokens as stored (each text with its length): equal digests,
+    # equal vocabularies ("" when the file has none).
+    vocab_sha256: str = field(default="", compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -254,16 +261,25 @@ def _validate(r: _Reader) -> GgufSummary:
         layouts[label] = TensorLayout(ttype, dims, data_offset + offset, n_bytes)
     n_vocab = _check_vocab(meta)
     _check_hparams(meta)
-    return GgufSummary(r.size, version, n_tensors, n_kv, n_vocab, data_offset, layouts)
+    metadata = {k: len(v) if isinstance(v, _Array) else v for k, v in meta.items()}
+    tokens = meta.get("tokenizer.ggml.tokens")
+    span = tokens.span if isinstance(tokens, _Array) else None
+    digest = hashlib.sha256(r.data[span[0] : span[1]]).hexdigest() if span else ""
+    return GgufSummary(
+        r.size, version, n_tensors, n_kv, n_vocab, data_offset, layouts, metadata, digest
+    )
 
 
 class _Array:
     """An array value: its item type, count, and the items (strings and scalars read only when
     the vocabulary checks need them)."""
 
-    def __init__(self, item_type: int, items: list[Any]) -> None:
+    def __init__(
+        self, item_type: int, items: list[Any], span: tuple[int, int] | None = None
+    ) -> None:
         self.item_type = item_type
         self.items = items
+        self.span = span  # a read string array: where its items lie in the file
 
     def __len__(self) -> int:
         return len(self.items)
@@ -303,6 +319,7 @@ def _value(r: _Reader, vtype: int, name: str, depth: int) -> Any:
         keep = name in _READ_ARRAYS
         items: list[bytes] = []
         data, pos, size = r.data, r.pos, r.size
+        start = pos
         for i in range(n):
             if size - pos < 8:
                 raise _Bad(f"{name}[{i}]: runs past the end of the file")
@@ -314,7 +331,7 @@ def _value(r: _Reader, vtype: int, name: str, depth: int) -> Any:
                 items.append(data[pos : pos + length])
             pos += length
         r.pos = pos
-        return _Array(item_type, items) if keep else _SkippedArray(item_type, n)
+        return _Array(item_type, items, (start, pos)) if keep else _SkippedArray(item_type, n)
     if item_type == ARRAY:
         raise _Bad(f"{name}: arrays of arrays are not supported")
     raise _Bad(f"{name}: unknown array item type {item_type}")

@@ -135,6 +135,34 @@ def test_vocabulary_mismatch_names_the_first_difference(smollm2_path, gemma_path
             assert draft.info.path.name in str(err.value)
 
 
+def test_one_token_text_changed_in_a_copy_of_the_draft_is_found(
+    smollm2_path, tmp_path: Path
+) -> None:
+    """check_compatible skips its per-token loop when both files store the same token texts
+    (the vocabularies' digests equal, as for one model's two quantizations); a copy of the
+    draft with one text changed must still be refused, naming that token."""
+    import shutil
+
+    from edge_spec import fuzz
+    from edge_spec.gguf_validate import validate_gguf
+    from edge_spec.models import resolve
+
+    draft_path = resolve("smollm2-135m-q4_0", progress=False)
+    assert validate_gguf(draft_path).vocab_sha256 == validate_gguf(smollm2_path).vocab_sha256
+    at, length = fuzz.layout(draft_path).tokens[1000]
+    mutant = tmp_path / "draft.gguf"
+    shutil.copyfile(draft_path, mutant)
+    with mutant.open("r+b") as f:
+        f.seek(at)
+        f.write(b"\x01" * length)  # a text no other token has
+    assert validate_gguf(mutant).vocab_sha256 != validate_gguf(draft_path).vocab_sha256
+    with LlamaModel(smollm2_path, n_ctx=64) as target, LlamaModel(mutant, n_ctx=64) as draft:
+        with pytest.raises(VocabMismatchError, match="token 1000 differs"):
+            check_compatible(target, draft)
+        with LlamaModel(draft_path, n_ctx=64) as same:
+            check_compatible(target, same)
+
+
 CROSS_PROMPTS = (
     "The history of the Roman Empire begins",
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',

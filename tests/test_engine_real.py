@@ -190,6 +190,32 @@ def test_kv_rollback_matches_fresh_evaluation(target_path) -> None:
         assert float(np.abs(one_shot - after_rollback).max()) < 1.0
 
 
+def test_a_prefill_that_warms_the_output_rows_changes_no_logits(target_path) -> None:
+    """warm_rows: a prefill outputs (and drops) its last rows until the context has output that
+    many, so that the first verification does not fault llama.cpp's buffers in. The cache and
+    every later logit are as without it, whatever the prompt's length against n_batch (rows
+    may only be asked for in the last chunk)."""
+    rng = np.random.default_rng(11)
+    with (
+        LlamaModel(target_path, n_ctx=512, n_batch=32, warm_rows=9) as warm,
+        LlamaModel(target_path, n_ctx=512, n_batch=32) as cold,
+    ):
+        base = warm.tokenize(" ".join(PROMPTS))
+        # 33 new tokens: a last chunk of one; then 3 new (fewer than 9); then 27 new.
+        for prompt in (base[:33], base[:33] + [200, 300, 400], base[:60]):
+            for model in (warm, cold):
+                model.sync(prompt)
+            assert warm.tokens == cold.tokens == prompt
+            batch = rng.integers(100, 20000, size=5).tolist()
+            np.testing.assert_array_equal(
+                warm.decode(batch, range(5)), cold.decode(batch, range(5))
+            )
+            for model in (warm, cold):
+                model.truncate(len(prompt))
+        assert warm._rows_out == 9  # the warm-up happened (the last prefill's 9 rows)
+        assert cold._rows_out == 5
+
+
 @pytest.mark.parametrize("which", ["target_path", "smollm2_path"])
 def test_small_verify_batches_give_the_one_token_logits_bit_for_bit(which, request) -> None:
     """The project's kernel for F16 weights times a few columns (scripts/patches/, in an x86

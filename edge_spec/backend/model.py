@@ -75,12 +75,14 @@ class LlamaModel:
         hidden_states: bool = False,
         devices: Sequence[int] | None = None,
         flash_attn: bool | None = None,
+        warm_rows: int = 0,
     ) -> None:
         """devices: the ggml devices the offloaded layers may use (backend.rpc: the RPC
         servers' for a target spread over machines, this machine's own for a local draft);
         None: every registered device, llama.cpp's default. flash_attn: None is off when every
         layer runs on this machine's CPU and llama.cpp's own choice (auto) otherwise (see
-        _flash_attn_type)."""
+        _flash_attn_type). warm_rows: how many logit rows the context should have output
+        before its first verification (see sync())."""
         self.path = Path(path)
         file_size = validate_gguf(self.path).file_size_bytes
         if n_ctx < 16:
@@ -152,6 +154,8 @@ class LlamaModel:
         self.hidden_states = hidden_states
         self._embeddings_on = False
         self._hidden_rows = 0  # rows of hidden states the last decode left (0: none)
+        self.warm_rows = max(0, warm_rows)
+        self._rows_out = 0  # the most logit rows one decode has output in this context
         # llama.cpp may pad the context up; the limit the caller asked for is the one we keep.
         self.n_ctx = min(n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
         self.tokens: list[int] = []
@@ -176,9 +180,6 @@ class LlamaModel:
             chat_template=template.decode("utf-8") if template else None,
             is_recurrent=bool(llama_cpp.llama_model_is_recurrent(model)),
             architecture=self._meta("general.architecture"),
-        )
-        self._eog = np.array(
-            [bool(llama_cpp.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)]
         )
         self._piece_buf = ctypes.create_string_buffer(256)
         log.debug(
@@ -270,7 +271,12 @@ class LlamaModel:
         return bytes(llama_cpp.llama_vocab_get_text(self._vocab, token) or b"")
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
+        # Asked once per produced token: a table of the whole vocabulary would cost every load
+        # 0.1 s (Gemma's 262,144 tokens), more than a whole answer's calls.
+        token = int(token)
+        if not 0 <= token < self.n_vocab:  # llama.cpp would throw across the C boundary
+            raise InvalidRequestError(f"token id {token} out of range [0, {self.n_vocab})")
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     # ---- decoding --------------------------------------------------------------------------
 
@@ -342,6 +348,7 @@ class LlamaModel:
             pos[i] = pos0 + i
             logits[i] = i in want
         batch.n_tokens = n
+        self._rows_out = max(self._rows_out, len(want))
         self._set_embeddings(self.hidden_states and len(want) == n)
         t0 = time.perf_counter()
         rc = self._call(llama_cpp.llama_decode, self._ctx, batch)
@@ -480,12 +487,23 @@ class LlamaModel:
 
     def sync(self, tokens: Sequence[int], keep_max: int | None = None) -> int:
         """Make the cache hold exactly `tokens`, re-decoding only after the common prefix (at most
-        keep_max tokens of it kept); returns how many cached tokens were reused."""
+        keep_max tokens of it kept); returns how many cached tokens were reused.
+
+        Until the context has output warm_rows logit rows in one decode, this prefill outputs
+        its last ones (up to warm_rows) and drops them: llama.cpp's buffers for k + 1 rows are
+        first touched here and not in the first verification, whose pages would otherwise
+        fault in then (Gemma-3-270M F16 here: a first 5-token step 51-59 ms, then 37-42; a
+        first 1-token step 37-46 ms, then 28-35). A draft's first verification would pay for
+        the process's memory and the risk ledger would charge its drafting that loss."""
         common = common_prefix(self.tokens, tokens)
         if keep_max is not None:
             common = min(common, keep_max)
         self.truncate(common)
-        self.decode(tokens[common:])
+        n_new = len(tokens) - common
+        n_last = n_new - ((n_new - 1) // self.n_batch) * self.n_batch if n_new else 0
+        warm = min(self.warm_rows, n_last)
+        rows = range(n_new - warm, n_new) if warm > self._rows_out else ()
+        self.decode(tokens[common:], rows)
         return common
 
     def reset(self) -> None:
