@@ -11,6 +11,10 @@ alone: decode tokens/s per prompt and the median ratio. Written for this check, 
 Set 2 (ten more prompts, written after set 1 had been measured, and not tuned on either) asks
 in the same words in both forms; the default pair gets it as "Request: ...  Answer:".
 
+--cli runs every prompt and mode as its own `edge-spec generate --json` process, as a user
+would, and reports the decode rate it prints and the process's wall time (load and prefill
+included) beside it.
+
 Each request drafts from itself alone (session None), as a fresh `edge-spec generate` does;
 greedy, up to 256 tokens; the script says where a mode's text differs from the first mode's.
 """
@@ -18,11 +22,15 @@ greedy, up to 256 tokens; the script says where a mode's text differs from the f
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+EDGE_SPEC = Path(sys.executable).parent / "edge-spec"
 
 CODE = """def parse_config(path):
     settings = {}
@@ -257,38 +265,74 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--set", type=int, choices=(1, 2), default=1, help="which prompt set")
+    ap.add_argument("--cli", action="store_true", help="a fresh edge-spec process per run")
     args = ap.parse_args()
-    target, draft = choose_pair(None, None, chat=not args.base)
+    prompts = PROMPTS if args.set == 1 else PROMPTS_2
     rates: dict[str, dict[str, float]] = {}
-    config = EngineConfig(n_ctx=2048, n_threads=args.threads)
-    with EdgeSpec(target, draft, config=config) as spec:
-        spec.generate("Hello", max_tokens=8, draft_mode="none")  # page the weights in
-        for pid, instruction, document in PROMPTS if args.set == 1 else PROMPTS_2:
-            text = (
-                document
-                if args.base
-                else spec.render_chat([{"role": "user", "content": instruction}])
-            )
-            rates[pid], texts = {}, []
+    walls: dict[str, dict[str, float]] = {}
+    if args.cli:
+        for pid, instruction, document in prompts:
+            rates[pid], walls[pid], texts = {}, {}, []
             for mode in args.modes:
-                result = spec.generate(
-                    text,
-                    max_tokens=args.max_tokens,
-                    temperature=0.0,
-                    draft_mode=mode,
-                    session=None,
+                text, rates[pid][mode], walls[pid][mode] = _cli_run(
+                    document if args.base else instruction, mode, args
                 )
-                rates[pid][mode] = result.stats.tokens_per_s
-                texts.append(result.text)
-            cells = "  ".join(f"{m} {rates[pid][m]:.1f}" for m in args.modes)
-            same = "" if len(set(texts)) == 1 else "  (texts differ)"
-            print(f"{pid}: {len(result.token_ids)} tokens, tokens/s {cells}{same}", flush=True)
+                texts.append(text)
+            _report(pid, rates[pid], texts, walls[pid])
+    else:
+        target, draft = choose_pair(None, None, chat=not args.base)
+        config = EngineConfig(n_ctx=2048, n_threads=args.threads)
+        with EdgeSpec(target, draft, config=config) as spec:
+            spec.generate("Hello", max_tokens=8, draft_mode="none")  # page the weights in
+            for pid, instruction, document in prompts:
+                text = (
+                    document
+                    if args.base
+                    else spec.render_chat([{"role": "user", "content": instruction}])
+                )
+                rates[pid], texts = {}, []
+                for mode in args.modes:
+                    result = spec.generate(
+                        text,
+                        max_tokens=args.max_tokens,
+                        temperature=0.0,
+                        draft_mode=mode,
+                        session=None,
+                    )
+                    rates[pid][mode] = result.stats.tokens_per_s
+                    texts.append(result.text)
+                _report(pid, rates[pid], texts)
     base = args.modes[0]
     for mode in args.modes[1:]:
         ratios = [rates[p][mode] / rates[p][base] for p in rates]
         listed = ", ".join(f"{r:.2f}" for r in ratios)
-        print(f"{mode} / {base}: median {statistics.median(ratios):.2f}x ({listed})")
+        line = f"{mode} / {base}: median {statistics.median(ratios):.2f}x ({listed})"
+        if walls:
+            wall = statistics.median(walls[p][base] / walls[p][mode] for p in walls)
+            line += f"; wall time {wall:.2f}x"
+        print(line)
     return 0
+
+
+def _cli_run(prompt: str, mode: str, args: argparse.Namespace) -> tuple[str, float, float]:
+    """(text, decode tokens/s, wall seconds) of one `edge-spec generate` process."""
+    command = [str(EDGE_SPEC), "generate", "--json", "-n", str(args.max_tokens), "--temp", "0"]
+    command += ["--draft-mode", mode] + ([] if args.base else ["--chat"])
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    t0 = time.perf_counter()
+    done = subprocess.run(command + ["--", prompt], capture_output=True, text=True, check=True)
+    wall_s = time.perf_counter() - t0
+    out = json.loads(done.stdout)
+    return out["text"], out["stats"]["tokens_per_s"], wall_s
+
+
+def _report(pid: str, rates: dict[str, float], texts: list[str], walls=None) -> None:
+    cells = "  ".join(
+        f"{m} {r:.1f}" + (f" ({walls[m]:.2f} s)" if walls else "") for m, r in rates.items()
+    )
+    same = "" if len(set(texts)) == 1 else "  (texts differ)"
+    print(f"{pid}: tokens/s {cells}{same}", flush=True)
 
 
 if __name__ == "__main__":
