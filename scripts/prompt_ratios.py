@@ -18,6 +18,27 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def pooled_ratios(
+    runs: list[dict], strategy: str, temperature: float, sessions: bool = False
+) -> dict[str, float]:
+    """Each prompt's decode rate under `strategy` over the target alone's at `temperature`,
+    tokens over seconds summed over its repeats; sessions=True pools an agentic run's turns by
+    session (ids 'session/turn')."""
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for run in runs:
+        if run["temperature"] != temperature or run["strategy"] not in (strategy, "target"):
+            continue
+        prompt_id = run["prompt_id"].split("/")[0] if sessions else run["prompt_id"]
+        totals[(run["strategy"], prompt_id)][0] += run["n_generated"]
+        totals[(run["strategy"], prompt_id)][1] += run["decode_s"]
+    ratios = {}
+    for (name, prompt), (tokens, seconds) in totals.items():
+        base = totals.get(("target", prompt))
+        if name == strategy and base:
+            ratios[prompt] = (tokens / seconds) / (base[0] / base[1])
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
@@ -30,21 +51,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     runs = json.loads((args.folder / "results.json").read_text())["runs"]
-    totals: dict[tuple[float, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for run in runs:
-        prompt_id = run["prompt_id"].split("/")[0] if args.sessions else run["prompt_id"]
-        key = (run["temperature"], run["strategy"], prompt_id)
-        totals[key][0] += run["n_generated"]
-        totals[key][1] += run["decode_s"]
-    for temperature in sorted({t for t, _, _ in totals}):
-        strategies = sorted({s for t, s, _ in totals if t == temperature and s != "target"})
+    for temperature in sorted({run["temperature"] for run in runs}):
+        strategies = sorted(
+            {r["strategy"] for r in runs if r["temperature"] == temperature} - {"target"}
+        )
         for strategy in strategies:
-            ratios = {}
-            for (t, s, prompt), (tokens, seconds) in totals.items():
-                if t != temperature or s != strategy:
-                    continue
-                base_tokens, base_seconds = totals[(t, "target", prompt)]
-                ratios[prompt] = (tokens / seconds) / (base_tokens / base_seconds)
+            ratios = pooled_ratios(runs, strategy, temperature, args.sessions)
             gmean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
             worst = sorted(ratios.items(), key=lambda item: item[1])[: args.worst]
             below = sum(r < args.bar for r in ratios.values())

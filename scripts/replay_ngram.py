@@ -34,6 +34,9 @@ from edge_spec.cost_policy import CostModelK  # noqa: E402
 from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
 from edge_spec.policy import DEFAULT_K_MAX, CostCurve, StepOutcome  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from prompt_ratios import pooled_ratios  # noqa: E402
+
 
 def fitted_curve(runs, profile: CostCurve, strategy: str, linear: bool = False) -> CostCurve:
     """t(n) fitted to the run's own steps: t(1) from the target alone's runs (time inside
@@ -106,23 +109,6 @@ def walk(
         context.extend(produced)
         pos += len(produced)
     return len(truth), time_s
-
-
-def conversation_speedups(runs, strategy: str) -> dict[str, float]:
-    """The run's measured T = 0 speedup per agentic conversation: decode tokens/s over all its
-    turns and repeats, the strategy's over the target alone's."""
-    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for r in runs:
-        if r["strategy"] in ("target", strategy) and not r["temperature"]:
-            cell = sums[(r["prompt_id"].split("/")[0], r["strategy"])]
-            cell[0] += r["n_generated"]
-            cell[1] += r["decode_s"]
-    rate = {key: n / s for key, (n, s) in sums.items() if s}
-    return {
-        conv: rate[(conv, strategy)] / rate[(conv, "target")]
-        for conv, name in rate
-        if name == "target" and (conv, strategy) in rate
-    }
 
 
 def agentic_requests(spec, truth):
@@ -254,7 +240,7 @@ def main() -> int:
                 totals[key][i] += value
     print(f"t(1) {curve.t(1) * 1e3:.1f} ms, overhead {overhead_s * 1e3:.2f} ms/step")
     print(f"{'category':<18} {'replayed':>9} {'measured':>9} {'clairvoyant':>12}")
-    by_conversation = conversation_speedups(record["runs"], strategy) if agentic else {}
+    by_conversation = pooled_ratios(record["runs"], strategy, 0.0, sessions=True) if agentic else {}
     kinds = {p.kind for p in prompts}
     order = sorted(totals, key=lambda key: (key == "all", key in kinds))  # categories, kinds, all
     for key in order:
