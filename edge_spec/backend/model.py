@@ -307,7 +307,7 @@ class LlamaModel:
         rows = list(logit_rows)
         if rows and (rows != sorted(set(rows)) or rows[0] < 0 or rows[-1] >= n):
             raise InvalidRequestError(f"logit rows must be ascending indices into {n} tokens")
-        last_start = ((n - 1) // self.n_batch) * self.n_batch
+        last_start = self._last_chunk_start(n)
         if rows and rows[0] < last_start:
             raise InvalidRequestError("logit rows are only available in the last n_batch tokens")
         for start in range(0, n, self.n_batch):
@@ -316,6 +316,11 @@ class LlamaModel:
         if not rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return self._logits_view(len(rows))
+
+    def _last_chunk_start(self, n: int) -> int:
+        """Where the last n_batch chunk of an n-token decode starts (0 for n = 0): only its
+        rows can be output."""
+        return (max(n - 1, 0) // self.n_batch) * self.n_batch
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         """A (n_rows, n_vocab) view of llama.cpp's logits buffer. Building a view costs 0.06-0.15
@@ -500,8 +505,7 @@ class LlamaModel:
             common = min(common, keep_max)
         self.truncate(common)
         n_new = len(tokens) - common
-        n_last = n_new - ((n_new - 1) // self.n_batch) * self.n_batch if n_new else 0
-        warm = min(self.warm_rows, n_last)
+        warm = min(self.warm_rows, n_new - self._last_chunk_start(n_new))
         rows = range(n_new - warm, n_new) if warm > self._rows_out else ()
         self.decode(tokens[common:], rows)
         return common
