@@ -20,16 +20,16 @@ from typing import Any
 # (bench/results/issue17-gpu-check-h200/run3). Where llama-cpp-python is not installed, the
 # pure modules (sampling, verify) still import without it.
 if importlib.util.find_spec("llama_cpp") is not None:
-    from .backend import runtime as _runtime  # noqa: F401
+    from edge_spec.backend import runtime as _runtime  # noqa: F401
 
-from .errors import (
+from edge_spec.errors import (
     ContextOverflowError,
     EdgeSpecError,
     InvalidRequestError,
     ModelFileError,
     VocabMismatchError,
 )
-from .sampling import SamplingParams
+from edge_spec.sampling import SamplingParams
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,7 @@ _LAZY = {
     "GenerationConfig": "api",
     "GenerationResult": "api",
     "TextDelta": "api",
-    "GenerationStats": "stats",
+    "GenerationStats": "decode.stats",
 }
 
 __all__ = [

@@ -1,13 +1,14 @@
-"""Small file-system helpers shared by the model cache and the device-profile cache: atomic
-writes, an exclusive directory lock, and a sha256 cache keyed on size + mtime."""
+"""Small file-system helpers shared by every cache edge_spec keeps: where the cache is, atomic
+writes, an exclusive directory lock, and the one file hash (sha256, cached per size + mtime)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,51 @@ log = logging.getLogger(__name__)
 TMP_SUFFIX = ".tmp"
 SIDECAR_NAME = ".sha256-cache.json"
 LOCK_NAME = ".lock"
+HASH_BLOCK_BYTES = 4 << 20
+# Where the hashes of files outside edge_spec's own model cache are recorded (the device
+# profiles' directory, where they always were).
+HASHES_DIR = "profiles"
+
+
+def cache_dir() -> Path:
+    """`$EDGE_SPEC_CACHE`, else `$XDG_CACHE_HOME/edge_spec`, else `~/.cache/edge_spec`."""
+    if os.environ.get("EDGE_SPEC_CACHE"):
+        return Path(os.environ["EDGE_SPEC_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "edge_spec"
+    return Path.home() / ".cache" / "edge_spec"
+
+
+def hash_file(path: Path, on_block: Callable[[int], object] | None = None) -> str:
+    """The sha256 of a file, read in blocks; on_block(n_bytes) after each (a progress bar)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+            if on_block is not None:
+                on_block(len(block))
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, hashed at most once per size + mtime: from the sidecar beside it
+    (models prepared by edge_spec.models have one), else from the cache's own record of files
+    found elsewhere (HASHES_DIR), else hashed now and recorded there."""
+    record = HashCache(path.parent).get(path)
+    if record is None:
+        directory = cache_dir() / HASHES_DIR
+        record = HashCache(directory).get(path)
+        if record is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            with locked(directory):
+                hashes = HashCache(directory)  # re-read: another process may have hashed it
+                record = hashes.get(path)
+                if record is None:
+                    log.info("hashing %s (once per size + mtime)", path)
+                    hashes.put(path, hash_file(path), "hashed")
+                    record = hashes.get(path)
+    assert record is not None
+    return str(record["sha256"])
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from .gguf_validate import ARRAY, SCALAR_FORMATS, STRING
+from edge_spec.gguf.validate import ARRAY, SCALAR_FORMATS, STRING
 
 KINDS = ("bytes", "field", "duplicate_token", "truncate")
 MUTANT_TIMEOUT_S = 60.0
@@ -199,8 +199,8 @@ def _worker(conn: Connection) -> None:
     import logging
 
     logging.disable(logging.CRITICAL)
-    from .api import EdgeSpec, EngineConfig
-    from .errors import EdgeSpecError
+    from edge_spec.api import EdgeSpec, EngineConfig
+    from edge_spec.errors import EdgeSpecError
 
     while True:
         path = conn.recv()

@@ -25,9 +25,9 @@ import edge_spec  # noqa: F401  (llama.cpp's libraries before numpy: see edge_sp
 import numpy as np
 
 from edge_spec.backend import LlamaModel, llama_build
-from edge_spec.keys import SampleKeys
-from edge_spec.models import resolve
-from edge_spec.sampling import SamplingParams, weights_from_logits
+from edge_spec.models.cache import resolve
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams, weights_from_logits
 
 TEXT = (
     "The water cycle, explained for a school textbook. Water evaporates from the oceans, rises "

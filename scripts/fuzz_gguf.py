@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge_spec import fuzz  # noqa: E402
-from edge_spec.models import resolve  # noqa: E402
+from edge_spec.models.cache import resolve  # noqa: E402
 
 DEFAULT_MODELS = ("smollm2-135m-q4_0", "gemma3-270m-q4_0")
 

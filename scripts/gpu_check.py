@@ -143,7 +143,7 @@ def pack(directory: Path) -> dict:
     code = (
         "import sys, tempfile; from pathlib import Path\n"
         "from edge_spec.models import resolve\n"
-        "from edge_spec.layer_subset import write_layer_subset\n"
+        "from edge_spec.models.layer_subset import write_layer_subset\n"
         "from edge_spec.backend.runtime import quantize\n"
         "layers = [int(x) for x in sys.argv[2].split(',')]\n"
         "with tempfile.TemporaryDirectory() as tmp:\n"
@@ -368,7 +368,7 @@ def run(
     draft = work / "tiny-draft.gguf"
     derive = (
         "import sys, json, llama_cpp; from pathlib import Path\n"
-        "from edge_spec.layer_subset import write_layer_subset\n"
+        "from edge_spec.models.layer_subset import write_layer_subset\n"
         "write_layer_subset(Path(sys.argv[1]), Path(sys.argv[2]), "
         "[int(x) for x in sys.argv[3].split(',')])\n"
         "print(json.dumps({'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"

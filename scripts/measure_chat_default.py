@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig
-from edge_spec.bench.prompts import load_prompts
+from edge_spec.prompts import load_prompts
 
 VARIANTS = (
     ("smollm2-135m-f16", None),

@@ -257,7 +257,7 @@ PROMPTS_2 = [(pid, request, f"Request: {request}\n\nAnswer:\n") for pid, request
 
 def main() -> int:
     from edge_spec.api import EdgeSpec, EngineConfig
-    from edge_spec.models import choose_pair
+    from edge_spec.models.manifest import choose_pair
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", action="store_true", help="the default pair on document prompts")

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig  # noqa: E402
-from edge_spec.bench.prompts import load_prompts  # noqa: E402
+from edge_spec.prompts import load_prompts  # noqa: E402
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge_spec.backend import LlamaModel  # noqa: E402
-from edge_spec.models import model_path  # noqa: E402
+from edge_spec.models.manifest import model_path  # noqa: E402
 
 SIZES = (1, 2, 5, 9, 17)
 

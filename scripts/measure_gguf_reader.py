@@ -13,9 +13,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from edge_spec import gguf_validate
-from edge_spec.gguf import read_metadata
-from edge_spec.models import resolve
+from edge_spec.gguf import validate as gguf_validate
+from edge_spec.gguf.facts import read_metadata
+from edge_spec.models.cache import resolve
 
 
 def timed(fn, repeats: int) -> float:

@@ -21,11 +21,12 @@ import json
 import numpy as np
 
 from edge_spec.backend import LlamaModel
-from edge_spec.bench.prompts import load_prompts
-from edge_spec.chat import render_chat
-from edge_spec.keys import SampleKeys
-from edge_spec.models import list_pairs, resolve
-from edge_spec.sampling import SamplingParams, probs_from_logits, sample
+from edge_spec.models.cache import resolve
+from edge_spec.models.manifest import list_pairs
+from edge_spec.models.templates import render_chat
+from edge_spec.prompts import load_prompts
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams, probs_from_logits, sample
 
 
 def coupled_match(p_target: np.ndarray, p_draft: np.ndarray) -> float:

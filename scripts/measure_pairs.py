@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import PROMPTS  # noqa: E402
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig  # noqa: E402
-from edge_spec.models import list_pairs  # noqa: E402
+from edge_spec.models.manifest import list_pairs  # noqa: E402
 
 
 def measure(pair_name: str, ks: list[int], max_tokens: int, repeats: int) -> list[dict]:

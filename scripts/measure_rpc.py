@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig  # noqa: E402
 from edge_spec.backend.rpc import parse_endpoints, wait_for_server  # noqa: E402
 from edge_spec.bench.delay_proxy import DelayProxy  # noqa: E402
-from edge_spec.bench.prompts import load_prompts  # noqa: E402
-from edge_spec.models import choose_pair  # noqa: E402
+from edge_spec.models.manifest import choose_pair  # noqa: E402
+from edge_spec.prompts import load_prompts  # noqa: E402
 
 
 def free_port() -> int:

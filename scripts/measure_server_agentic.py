@@ -86,7 +86,7 @@ def run_lcpp(mode: str, sessions, threads: int, histories: dict):
     tokenized before the clock starts), and the summed time to first token."""
     from edge_spec.api import EdgeSpec, EngineConfig
     from edge_spec.backend import PromptLookupPeer
-    from edge_spec.models import choose_pair
+    from edge_spec.models.manifest import choose_pair
 
     m = re.fullmatch(r"lcpp-n(\d+)g(\d+)", mode)
     if m is None:

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edge_spec.bench.prompts import load_prompts  # noqa: E402
 from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
+from edge_spec.prompts import load_prompts  # noqa: E402
 
 
 def texts() -> list[str]:
@@ -46,7 +46,8 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    from edge_spec import backend, models, probes
+    from edge_spec import backend, models
+    from edge_spec.device import probes
 
     path = models.resolve(args.target)
     with backend.LlamaModel(

@@ -19,10 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edge_spec import api, models  # noqa: E402
+from edge_spec import models  # noqa: E402
 from edge_spec.api import EdgeSpec, EngineConfig, GenerationConfig  # noqa: E402
-from edge_spec.bench.prompts import load_prompts  # noqa: E402
-from edge_spec.sampling import SamplingParams  # noqa: E402
+from edge_spec.api import spec as api  # noqa: E402
+from edge_spec.prompts import load_prompts  # noqa: E402
+from edge_spec.sampling.transform import SamplingParams  # noqa: E402
 
 
 def main() -> int:

@@ -17,8 +17,8 @@ import edge_spec  # noqa: F401  (llama.cpp's libraries before numpy: see edge_sp
 
 # isort: split
 from edge_spec.backend import LlamaModel, llama_build
-from edge_spec.models import resolve
-from edge_spec.probes import time_batches
+from edge_spec.device.probes import time_batches
+from edge_spec.models.cache import resolve
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 13, 16, 24, 33)
 

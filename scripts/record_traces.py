@@ -55,15 +55,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge_spec.backend import LlamaModel, common_prefix, llama_cpp_version  # noqa: E402
+from edge_spec.device.probes import time_batches  # noqa: E402
 from edge_spec.drafts import CrossVocabDraft  # noqa: E402
 from edge_spec.drafts.ngram import lookup  # noqa: E402
+from edge_spec.drafts.vocab import check_compatible  # noqa: E402
 from edge_spec.errors import VocabMismatchError  # noqa: E402
-from edge_spec.keys import SampleKeys  # noqa: E402
-from edge_spec.models import default_pair, resolve  # noqa: E402
-from edge_spec.probes import time_batches  # noqa: E402
-from edge_spec.sampling import SamplingParams  # noqa: E402
+from edge_spec.models.cache import resolve  # noqa: E402
+from edge_spec.models.manifest import default_pair  # noqa: E402
+from edge_spec.sampling.keys import SampleKeys  # noqa: E402
+from edge_spec.sampling.transform import SamplingParams  # noqa: E402
 from edge_spec.simulate.traces import K_MAX, TRACE_SCHEMA  # noqa: E402
-from edge_spec.vocab import check_compatible  # noqa: E402
 
 MAX_NGRAM, MIN_NGRAM = 3, 1
 
@@ -411,7 +412,7 @@ def main() -> None:
         )
         if head:
             from edge_spec.drafts.head import HeadDraft
-            from edge_spec.heads import find_head
+            from edge_spec.models.heads import find_head
 
             directory = find_head(target_path)
             if directory is None:

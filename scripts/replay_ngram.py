@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 from edge_spec.api import EdgeSpec, EngineConfig  # noqa: E402
 from edge_spec.backend import common_prefix  # noqa: E402
-from edge_spec.bench.prompts import load_prompts  # noqa: E402
-from edge_spec.cost_policy import CostModelK  # noqa: E402
 from edge_spec.drafts.ngram import NgramDraft  # noqa: E402
-from edge_spec.policy import DEFAULT_K_MAX, CostCurve, StepOutcome  # noqa: E402
+from edge_spec.policy.cost import CostModelK  # noqa: E402
+from edge_spec.policy.types import DEFAULT_K_MAX, CostCurve, StepOutcome  # noqa: E402
+from edge_spec.prompts import load_prompts  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from prompt_ratios import pooled_ratios  # noqa: E402
@@ -115,7 +115,7 @@ def agentic_requests(spec, truth):
     """An agentic run's requests, rebuilt as run_agentic built them: each turn's messages after
     the target's own earlier answers (its token ids in the run, detokenized)."""
     from edge_spec.bench.agentic import KIND, load_sessions, request_messages
-    from edge_spec.bench.prompts import Prompt
+    from edge_spec.prompts import Prompt
 
     prompts, ids = [], {}
     for session in load_sessions():

@@ -35,7 +35,7 @@ PROMPTS = [
 
 
 def _model(name: str) -> Path:
-    from edge_spec.models import resolve
+    from edge_spec.models.cache import resolve
 
     return resolve(name, progress=False)
 
@@ -43,7 +43,7 @@ def _model(name: str) -> Path:
 def _pair() -> tuple[str, str]:
     """The manifest's default pair, the pair named by EDGE_SPEC_TEST_PAIR, or the two files
     EDGE_SPEC_TEST_TARGET and EDGE_SPEC_TEST_DRAFT (scripts/gpu_check.py's small models)."""
-    from edge_spec.models import default_pair, list_pairs
+    from edge_spec.models.manifest import default_pair, list_pairs
 
     files = os.environ.get("EDGE_SPEC_TEST_TARGET"), os.environ.get("EDGE_SPEC_TEST_DRAFT")
     if all(files):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edge_spec.drafts.head import HeadDraft
-from edge_spec.sampling import SamplingParams, argmax, probs_from_logits
+from edge_spec.sampling.transform import SamplingParams, argmax, probs_from_logits
 
 N_VOCAB = 5
 

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_spec.api import GenerationConfig
-from edge_spec.chat import BUILTIN_TEMPLATES, render_chat
 from edge_spec.errors import EdgeSpecError
-from edge_spec.sampling import SamplingParams
+from edge_spec.models.templates import BUILTIN_TEMPLATES, render_chat
+from edge_spec.sampling.transform import SamplingParams
 
 _TEXT = st.text(max_size=30)  # any code point: controls, NUL, lone surrogates
 _ANY = st.recursive(

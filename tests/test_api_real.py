@@ -17,7 +17,7 @@ from edge_spec import (
     VocabMismatchError,
 )
 from edge_spec.backend import LlamaModel
-from edge_spec.vocab import check_compatible
+from edge_spec.drafts.vocab import check_compatible
 
 pytestmark = pytest.mark.models
 
@@ -144,8 +144,8 @@ def test_one_token_text_changed_in_a_copy_of_the_draft_is_found(
     import shutil
 
     from edge_spec import fuzz
-    from edge_spec.gguf_validate import validate_gguf
-    from edge_spec.models import resolve
+    from edge_spec.gguf.validate import validate_gguf
+    from edge_spec.models.cache import resolve
 
     draft_path = resolve("smollm2-135m-q4_0", progress=False)
     assert validate_gguf(draft_path).vocab_sha256 == validate_gguf(smollm2_path).vocab_sha256
@@ -253,8 +253,8 @@ def _near_tie(spec: EdgeSpec, prompt: list[int], emitted: tuple[int, ...], cfg) 
     """Whether the keyed draw of the token after prompt + emitted was within reach of batching
     noise: replays the target alone (one token per decode) up to it and asks the draw's
     margin."""
-    from edge_spec.keys import SampleKeys
-    from edge_spec.sampling import weights_from_logits
+    from edge_spec.sampling.keys import SampleKeys
+    from edge_spec.sampling.transform import weights_from_logits
 
     target = spec.target
     target.reset()
@@ -276,7 +276,7 @@ def test_same_seed_same_text_with_the_session_on_off_and_after_other_requests(
     differ a little from single-token ones (up to ~0.04 here), which can move a draw: a
     divergence is accepted only where the target alone's draw there was within reach of such
     noise (its race margin, checked), and at least half the runs must agree outright."""
-    from edge_spec.models import resolve
+    from edge_spec.models.cache import resolve
 
     draft = resolve("smollm2-135m-q4_0", progress=False)
     seed = 7

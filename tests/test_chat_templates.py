@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from edge_spec.chat import BUILTIN_TEMPLATES, RENDER_SECONDS, render_chat
 from edge_spec.errors import InvalidRequestError
+from edge_spec.models.templates import BUILTIN_TEMPLATES, RENDER_SECONDS, render_chat
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
 TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}

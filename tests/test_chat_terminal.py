@@ -33,7 +33,8 @@ def spawn(*args: str, timeout: float = 240) -> pexpect.spawn:
 
 @pytest.fixture(scope="module")
 def chat_models() -> None:
-    from edge_spec.models import default_pair, resolve
+    from edge_spec.models.cache import resolve
+    from edge_spec.models.manifest import default_pair
 
     for name in default_pair(chat=True):
         resolve(name, progress=False)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from fake_model import FakeLlama, FakeModel, tv_bound
 
+from edge_spec.decode.engine import Step, run_steps
 from edge_spec.drafts import CrossVocabDraft, NoDraft
-from edge_spec.engine import Step, run_steps
-from edge_spec.keys import SampleKeys
-from edge_spec.policy import FixedK
-from edge_spec.sampling import SamplingParams, argmax
+from edge_spec.policy.simple import FixedK
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams, argmax
 
 # Two vocabularies over the alphabet "abc ": single characters, and different merges.
 TARGET_PIECES = ["a", "b", "c", " ", "ab", "ca", " a", "bca"]

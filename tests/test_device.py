@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_spec import backend, device, probes
-from edge_spec.device import DeviceProfile, HostInfo, ModelCost
+from edge_spec import backend, files
+from edge_spec.cli import profile as profile_command
+from edge_spec.device import probes
+from edge_spec.device import profile as device
+from edge_spec.device.profile import DeviceProfile, HostInfo, ModelCost
 from edge_spec.errors import EdgeSpecError, ModelFileError
 from edge_spec.files import HashCache
 
@@ -142,10 +145,12 @@ def test_a_profile_saved_before_the_build_was_recorded_still_loads() -> None:
 
 def test_build_features_keep_what_is_on() -> None:
     cpu = "CPU : SSE3 = 1 | AVX = 0 | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1"
-    assert device.build_features(cpu) == "CPU: SSE3 AVX512 LLAMAFILE OPENMP"
+    assert profile_command.build_features(cpu) == "CPU: SSE3 AVX512 LLAMAFILE OPENMP"
     cuda = "CUDA : ARCHS = 890 | USE_GRAPHS = 1 | " + cpu
-    assert device.build_features(cuda) == "CUDA: ARCHS=890 USE_GRAPHS " + device.build_features(cpu)
-    assert device.build_features("") == ""
+    assert profile_command.build_features(
+        cuda
+    ) == "CUDA: ARCHS=890 USE_GRAPHS " + profile_command.build_features(cpu)
+    assert profile_command.build_features("") == ""
 
 
 @pytest.mark.parametrize(
@@ -258,13 +263,13 @@ def test_a_file_is_hashed_once_per_size_and_mtime(
 ) -> None:
     target, _ = pair
     hashed: list[Path] = []
-    real_hash = device._hash_file
-    monkeypatch.setattr(device, "_hash_file", lambda p: hashed.append(p) or real_hash(p))
-    sha = device.file_sha256(target)
-    assert device.file_sha256(target) == sha and hashed == [target]
+    real_hash = files.hash_file
+    monkeypatch.setattr(files, "hash_file", lambda p: hashed.append(p) or real_hash(p))
+    sha = files.file_sha256(target)
+    assert files.file_sha256(target) == sha and hashed == [target]
     assert HashCache(cache / "profiles").get(target) is not None
     os.utime(target, ns=(2, 2))  # touched: hash again
-    assert device.file_sha256(target) == sha and len(hashed) == 2
+    assert files.file_sha256(target) == sha and len(hashed) == 2
 
 
 def test_a_prepared_models_sidecar_is_used_without_hashing(
@@ -272,8 +277,8 @@ def test_a_prepared_models_sidecar_is_used_without_hashing(
 ) -> None:
     target, _ = pair
     HashCache(target.parent).put(target, "f" * 64, "built")  # what models.prepare leaves
-    monkeypatch.setattr(device, "_hash_file", lambda p: pytest.fail("hashed a known file"))
-    assert device.file_sha256(target) == "f" * 64
+    monkeypatch.setattr(files, "hash_file", lambda p: pytest.fail("hashed a known file"))
+    assert files.file_sha256(target) == "f" * 64
 
 
 def test_not_a_gguf_is_a_model_file_error(cache: Path, tmp_path: Path) -> None:
@@ -347,7 +352,7 @@ def test_a_corrupt_or_foreign_cache_file_is_measured_again(
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    device.add_profile_parser(parser.add_subparsers(dest="command"))
+    profile_command.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["profile", *argv])
 
 
@@ -356,11 +361,11 @@ def test_profile_command_json_then_cached_table(
 ) -> None:
     monkeypatch.setattr(device, "measure_profile", FakeMeasure(allowed=1))
     target, draft = (str(p) for p in pair)
-    assert device.run_profile(_parse("-m", target, "-md", draft, "-t", "2", "--json")) == 0
+    assert profile_command.run(_parse("-m", target, "-md", draft, "-t", "2", "--json")) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cached"] is False and Path(out["path"]).is_file()
     assert len(out["cost_curve"]["verify_s"]) == 16 and out["profile"]["quick"] is True
-    assert device.run_profile(_parse("-m", target, "-md", draft, "-t", "2")) == 0
+    assert profile_command.run(_parse("-m", target, "-md", draft, "-t", "2")) == 0
     table = capsys.readouterr().out
     assert "from the cache" in table and "c = draft t(1) / target t(1) = 0.50" in table
     assert out["path"] in table and "target.gguf" in table and "draft.gguf" in table
@@ -374,13 +379,13 @@ def test_profile_command_options(cache: Path) -> None:
     with pytest.raises(SystemExit):
         _parse("--quick", "--full")
     with pytest.raises(EdgeSpecError):
-        device.run_profile(_parse("--no-draft", "--draft", "x.gguf"))
+        profile_command.run(_parse("--no-draft", "--draft", "x.gguf"))
     with pytest.raises(EdgeSpecError):
-        device.run_profile(_parse("--threads", "0"))
+        profile_command.run(_parse("--threads", "0"))
 
 
 def test_table_without_draft_marks_interpolated_rows() -> None:
-    table = device.format_profile(_profile(draft=False), Path("/p.json"), cached=False)
+    table = profile_command.format_profile(_profile(draft=False), Path("/p.json"), cached=False)
     rows = [line for line in table.splitlines() if line[:2].strip().isdigit()]
     assert len(rows) == 16 and "~" in rows[2] and "~" not in rows[3]  # n=3 interpolated, n=4 not
     assert "c = " not in table and "measured now" in table
@@ -461,8 +466,12 @@ def test_host_probes_report_something_sane() -> None:
 
 def test_a_profile_measured_on_a_busy_machine_says_so() -> None:
     busy = dataclasses.replace(_profile(), other_cores_busy=1.5)
-    assert "costs may be inflated" in device.format_profile(busy, Path("/p.json"), cached=True)
-    assert "inflated" not in device.format_profile(_profile(), Path("/p.json"), cached=True)
+    assert "costs may be inflated" in profile_command.format_profile(
+        busy, Path("/p.json"), cached=True
+    )
+    assert "inflated" not in profile_command.format_profile(
+        _profile(), Path("/p.json"), cached=True
+    )
 
 
 # ---- the real models -------------------------------------------------------------------------
@@ -470,7 +479,7 @@ def test_a_profile_measured_on_a_busy_machine_says_so() -> None:
 
 @pytest.mark.models
 def test_quick_profile_of_the_smollm2_pair(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from edge_spec.models import resolve
+    from edge_spec.models.cache import resolve
 
     target = resolve("smollm2-135m-f16", progress=False)  # the real model cache
     draft = resolve("smollm2-135m-q4_0", progress=False)

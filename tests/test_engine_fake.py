@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from fake_model import N_VOCAB, FakeLlama, make_draft, make_head, make_target, tv_bound
 
+from edge_spec.decode.engine import Prefill, Step, run_steps
 from edge_spec.drafts import ModelDraft, NgramDraft, NoDraft
-from edge_spec.engine import Prefill, Step, run_steps
-from edge_spec.policy import FixedK
-from edge_spec.sampling import SamplingParams, argmax
+from edge_spec.policy.simple import FixedK
+from edge_spec.sampling.transform import SamplingParams, argmax
 
 PREFIX = [1, 2, 3]
 
@@ -376,8 +376,8 @@ def test_ngram_candidate_reports_how_the_occurrences_continued() -> None:
 
 
 def test_ngram_candidate_branches_are_the_other_ways_the_occurrences_went() -> None:
+    from edge_spec.drafts.candidates import Branch
     from edge_spec.drafts.ngram import NgramDraft
-    from edge_spec.policy import Branch
 
     draft = NgramDraft(max_ngram=2)
     draft.begin([])

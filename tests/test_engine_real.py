@@ -11,10 +11,10 @@ from conftest import PROMPTS
 
 from edge_spec import EdgeSpec, EngineConfig, GenerationConfig, SamplingParams
 from edge_spec.backend import LlamaModel
+from edge_spec.decode.engine import Step, run_steps
 from edge_spec.drafts import NgramDraft, NoDraft
-from edge_spec.engine import Step, run_steps
 from edge_spec.errors import InvalidRequestError
-from edge_spec.policy import FixedK
+from edge_spec.policy.simple import FixedK
 
 pytestmark = pytest.mark.models
 log = logging.getLogger(__name__)
@@ -65,6 +65,36 @@ def batch_deviation(spec: EdgeSpec, baseline: dict[str, list[int]]) -> float:
         worst = max(worst, float((delta.max(axis=1) - delta.min(axis=1)).max()))
     spec.target.reset()
     log.info("batch-vs-single logit-difference deviation: %.4f", worst)
+    return worst
+
+
+@pytest.fixture(scope="module")
+def tree_deviation(spec: EdgeSpec, baseline: dict[str, list[int]]) -> float:
+    """Like batch_deviation, for token trees: the largest change a tree decode makes to a logit
+    difference within a row, against the same tokens decoded one at a time. Each prompt's tree
+    is its greedy continuation as the trunk with two branches beside it (branch rows sum their
+    attention in another order: docs/exactness.md)."""
+    model = spec.target
+    worst = 0.0
+    for prompt, path in baseline.items():
+        ids = spec.tokenize(prompt)
+        trunk, fork, leaf = path[:4], [path[1] + 1, path[2] + 1], [path[3] + 7]
+        tokens = [ids[-1], *trunk, *fork, *leaf]
+        parents = [-1, 0, 1, 2, 3, 0, 5, 2]  # fork hangs from the root, leaf from trunk[1]
+        model.reset()
+        model.decode(ids[:-1])
+        rows = model.decode_tree(tokens, parents).copy()
+        model.keep_tree([])
+        chains = {
+            0: single_logits(model, ids, trunk + [0]),  # rows 0-4: the trunk's
+            5: single_logits(model, ids, fork + [0])[1:],  # rows 5, 6: after fork[0], fork[1]
+            7: single_logits(model, ids, [*trunk[:2], *leaf, 0])[3:4],  # row 7: after leaf
+        }
+        expected = np.concatenate([chains[0], chains[5], chains[7]])
+        delta = rows - expected
+        worst = max(worst, float((delta.max(axis=1) - delta.min(axis=1)).max()))
+    model.reset()
+    log.info("tree-vs-single logit-difference deviation: %.4f", worst)
     return worst
 
 
@@ -297,11 +327,16 @@ def test_token_tree_rows_equal_each_branch_decoded_as_a_chain(target_path) -> No
 
 
 def test_greedy_with_token_trees_equals_target_alone(
-    spec: EdgeSpec, baseline: dict[str, list[int]]
+    spec: EdgeSpec,
+    baseline: dict[str, list[int]],
+    tree_deviation: float,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """N-gram drafts verified as token trees (up to 4 branch tokens besides 4 main ones):
-    the target's own greedy tokens, prompt by prompt."""
-    n_trees = 0
+    the target's own greedy tokens, prompt by prompt, except where the target alone chose
+    between two tokens closer than a tree decode moves them (measured: tree_deviation)."""
+    n_trees = n_drafted = n_accepted = 0
+    divergences = []
     for prompt in PROMPTS:
         ids = spec.tokenize(prompt)
         sources = {"ngram": NgramDraft(), "none": NoDraft()}
@@ -320,10 +355,35 @@ def test_greedy_with_token_trees_equals_target_alone(
             if isinstance(event, Step):
                 got.extend(event.tokens)
                 n_trees += event.n_branch_nodes > 0
+                n_drafted += event.n_drafted
+                n_accepted += event.n_accepted
         expected = baseline[prompt]
-        assert got[: len(expected)] == expected, prompt[:30]
+        if got[: len(expected)] == expected:
+            continue
+        at = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
+        row = single_logits(spec.target, ids, expected[: at + 1])[at]
+        gap = float(row[expected[at]] - row[got[at]])
+        divergences.append({"prompt": prompt[:30], "position": at, "gap": gap})
+        assert gap <= tree_deviation, (
+            f"divergence at {at} where the target's choice leads by {gap:.4f} > tree deviation "
+            f"{tree_deviation:.4f}: not explained by floating point"
+        )
     spec.target.reset()
+    with capsys.disabled():
+        report = {
+            "mode": "ngram-tree",
+            "prompts": len(PROMPTS),
+            "tokens": N_TOKENS,
+            "diverged": len(divergences),
+            "where": divergences,
+            "batch_deviation": tree_deviation,
+            "drafted": n_drafted,
+            "accepted": n_accepted,
+            "trees": n_trees,
+        }
+        print(f"\nexactness report: {json.dumps(report)}")
     assert n_trees > 0, "no token tree was verified: the test proves nothing"
+    assert len(divergences) <= len(PROMPTS) // 4, divergences
 
 
 def test_stats_are_consistent(spec: EdgeSpec) -> None:

@@ -15,14 +15,14 @@ import pytest
 
 from edge_spec import fuzz
 from edge_spec.errors import ModelFileError
-from edge_spec.gguf import read_metadata
-from edge_spec.gguf_validate import validate_gguf
+from edge_spec.gguf.facts import read_metadata
+from edge_spec.gguf.validate import validate_gguf
 
 pytestmark = pytest.mark.models
 
 
 def _model(name: str) -> Path:
-    from edge_spec.models import resolve
+    from edge_spec.models.cache import resolve
 
     return resolve(name, progress=False)
 
@@ -141,7 +141,7 @@ def _tensor_type_mutant(small: Path, tmp_path: Path) -> Path:
 
 
 def test_a_file_llama_cpp_refuses_gets_a_cached_verdict(small: Path, tmp_path: Path) -> None:
-    from edge_spec.isolation import VERDICTS_NAME, verify_in_child
+    from edge_spec.models.isolation import VERDICTS_NAME, verify_in_child
 
     cache = tmp_path / "cache"
     assert verify_in_child(small, cache) > 0  # a child loaded it once
@@ -158,7 +158,7 @@ def test_a_child_killed_by_an_abort_leaves_the_parent_with_one_error(
 ) -> None:
     """The parent's side of an abort: a child that dies of SIGABRT (here one that aborts on
     purpose, standing in for a GGML_ASSERT) is one ModelFileError, remembered by sha256."""
-    from edge_spec import isolation
+    from edge_spec.models import isolation
 
     monkeypatch.setattr(
         isolation,

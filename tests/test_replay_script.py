@@ -6,8 +6,8 @@ import importlib.util
 import math
 from pathlib import Path
 
-from edge_spec.cost_policy import CostModelK
-from edge_spec.policy import CostCurve
+from edge_spec.policy.cost import CostModelK
+from edge_spec.policy.types import CostCurve
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "replay_ngram.py"
 

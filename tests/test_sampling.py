@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import InvalidRequestError
-from edge_spec.keys import SampleKeys
-from edge_spec.sampling import (
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import (
     LazyProbs,
     SamplingParams,
     argmax,

@@ -10,9 +10,14 @@ import pytest
 
 from edge_spec import EdgeSpec, EngineConfig, InvalidRequestError, ModelFileError
 from edge_spec.backend import LlamaModel
-from edge_spec.gguf import read_facts
-from edge_spec.layer_subset import LAYER_PERIOD, check_subset, valid_subsets, write_layer_subset
-from edge_spec.models import choose_pair
+from edge_spec.gguf.facts import read_facts
+from edge_spec.models.layer_subset import (
+    LAYER_PERIOD,
+    check_subset,
+    valid_subsets,
+    write_layer_subset,
+)
+from edge_spec.models.manifest import choose_pair
 
 PROMPTS = (
     "The history of the Roman Empire begins",

@@ -33,13 +33,13 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from edge_spec.api import GenerationConfig, GenerationResult, TextDelta
+from edge_spec.decode.stats import StatsCollector
 from edge_spec.errors import ModelFileError
 from edge_spec.server import responses as out
 from edge_spec.server.app import ServerConfig, create_app
 from edge_spec.server.metrics import ServerMetrics
 from edge_spec.server.schemas import APIError, RequestLimits, parse_chat, parse_completion
 from edge_spec.server.worker import Job, QueueFullError, Worker
-from edge_spec.stats import StatsCollector
 
 API_KEY = "test-key-123"
 MODEL_ALIAS = "smollm2-chat"
@@ -443,7 +443,7 @@ def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """The chat-capable SmolLM2 pair, a model draft with a fixed k (no device profile needed),
     authentication on, small limits so that the limits can be hit. One thread: llama.cpp's
     threads spin-wait for each other and crawl when a shared 2-core machine is oversubscribed."""
-    from edge_spec.models import resolve
+    from edge_spec.models.cache import resolve
 
     draft = resolve("smollm2-135m-q4_0", progress=False)
     args = [

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_spec.cost_policy import CostModelK
-from edge_spec.policy import CostCurve, FixedK, HeuristicK
-from edge_spec.simulate.command import add_simulate_parser, run_simulate
+from edge_spec.cli import simulate as simulate_command
+from edge_spec.policy.cost import CostModelK
+from edge_spec.policy.simple import FixedK, HeuristicK
+from edge_spec.policy.types import CostCurve
 from edge_spec.simulate.curves import list_profiles, load_profile
 from edge_spec.simulate.replay import ReplayResult, oracle, replay, simulate
 from edge_spec.simulate.traces import DEFAULT_TRACES, PromptTrace, load_traces
@@ -289,9 +290,9 @@ def test_token_trees_never_cost_the_cost_model_more_than_noise(recorded: dict) -
 
 def test_simulate_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    add_simulate_parser(parser.add_subparsers(dest="command"))
+    simulate_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["simulate", "--profiles", "numa-cpu", "--policies", "cost"])
-    assert run_simulate(args) == 0
+    assert simulate_command.run(args) == 0
     table = capsys.readouterr().out
     assert "== numa-cpu" in table and "oracle" in table and "x best fixed" in table
 
@@ -306,7 +307,7 @@ def test_simulate_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[
             "--json",
         ]
     )
-    assert run_simulate(args) == 0
+    assert simulate_command.run(args) == 0
     data = json.loads(capsys.readouterr().out)
     (device,) = data["devices"]
     assert {"heuristic-model", "heuristic-ngram", "none", "oracle"} <= set(device["policies"])
@@ -317,12 +318,12 @@ def test_simulate_command_rejects_bad_input(tmp_path: Path) -> None:
     from edge_spec.errors import InvalidRequestError
 
     parser = argparse.ArgumentParser()
-    add_simulate_parser(parser.add_subparsers(dest="command"))
+    simulate_command.add_parser(parser.add_subparsers(dest="command"))
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     for argv in (["simulate", str(bad)], ["simulate", "--profiles", "nope"]):
         with pytest.raises(InvalidRequestError):
-            run_simulate(parser.parse_args(argv))
+            simulate_command.run(parser.parse_args(argv))
 
 
 PAIR_TRACES = sorted((DEFAULT_TRACES / "pairs").glob("*.json"))

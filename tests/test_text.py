@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge_spec.text import TextAssembler
+from edge_spec.decode.text import TextAssembler
 
 
 def feed_all(assembler: TextAssembler, pieces: list[bytes]) -> list[str]:

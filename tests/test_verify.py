@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
 
-from edge_spec.keys import SampleKeys
-from edge_spec.sampling import (
+from edge_spec.decode.verify import Verdict, verify_greedy, verify_keyed, verify_rejection
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import (
     LazyProbs,
     SamplingParams,
     argmax,
@@ -23,7 +24,6 @@ from edge_spec.sampling import (
     probs_from_logits,
     sample,
 )
-from edge_spec.verify import Verdict, verify_greedy, verify_keyed, verify_rejection
 
 Verifier = Callable[[Sequence[int], np.ndarray | None, np.ndarray, np.random.Generator], Verdict]
 

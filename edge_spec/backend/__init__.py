@@ -5,9 +5,9 @@ its context and batched decoding (model.py), llama-cpp-python's prompt lookup as
 
 from __future__ import annotations
 
-from .model import LlamaModel, ModelInfo, common_prefix, smoke_test
-from .peer import PeerGeneration, PromptLookupPeer
-from .runtime import (
+from edge_spec.backend.model import LlamaModel, ModelInfo, common_prefix, smoke_test
+from edge_spec.backend.peer import PeerGeneration, PromptLookupPeer
+from edge_spec.backend.runtime import (
     FTYPES,
     default_threads,
     llama_build,

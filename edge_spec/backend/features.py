@@ -16,9 +16,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from ..errors import InvalidRequestError, ModelFileError
-from ..gguf_validate import validate_gguf
-from .runtime import _ensure_backend, _llama_error, default_threads
+from edge_spec.backend.runtime import _ensure_backend, _llama_error, default_threads
+from edge_spec.errors import InvalidRequestError, ModelFileError
+from edge_spec.gguf.validate import validate_gguf
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from ..errors import ContextOverflowError, EdgeSpecError, InvalidRequestError, ModelFileError
-from ..gguf_validate import validate_gguf
-from ..policy import MAX_TREE_LEAVES
-from .rpc import any_added as _rpc_added
-from .rpc import local_devices as _local_devices
-from .runtime import (
+from edge_spec.backend.rpc import any_added as _rpc_added
+from edge_spec.backend.rpc import local_devices as _local_devices
+from edge_spec.backend.runtime import (
     _ensure_backend,
     _llama_error,
     _recent_errors,
@@ -31,8 +28,19 @@ from .runtime import (
     llama_build,
     supports_gpu_offload,
 )
+from edge_spec.errors import (
+    ContextOverflowError,
+    EdgeSpecError,
+    InvalidRequestError,
+    ModelFileError,
+)
+from edge_spec.gguf.validate import validate_gguf
 
 log = logging.getLogger(__name__)
+
+# Sequences a context holds: a token tree decodes one per leaf over the shared (unified) KV
+# cache, so the policies' trees may have at most this many leaves.
+MAX_SEQUENCES = 4
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ class LlamaModel:
         cparams.n_ubatch = n_batch
         # Token trees: one sequence per branch over one shared (unified) KV buffer; a chain
         # uses sequence 0 alone, as with a single sequence.
-        cparams.n_seq_max = MAX_TREE_LEAVES
+        cparams.n_seq_max = MAX_SEQUENCES
         cparams.kv_unified = True
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
@@ -140,7 +148,7 @@ class LlamaModel:
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_batch = int(llama_cpp.llama_n_batch(ctx))
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, MAX_TREE_LEAVES)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, MAX_SEQUENCES)
         for i in range(self.n_batch):  # every token belongs to sequence 0 alone (but in trees)
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
@@ -203,13 +211,13 @@ class LlamaModel:
         """A llama.cpp call that may talk to rpc-servers: guarded on an RPC model."""
         if not getattr(self, "_rpc", False):
             return fn(*args)
-        from .rpc import call_guarded
+        from edge_spec.backend.rpc import call_guarded
 
         return call_guarded(fn, *args)
 
     def close(self) -> None:
         if getattr(self, "_rpc", False):
-            from .rpc import lost
+            from edge_spec.backend.rpc import lost
 
             if lost() is not None:  # freeing would talk to the lost server: leave it
                 self._batch = self._ctx = self._model = None
@@ -408,7 +416,7 @@ class LlamaModel:
         earlier index. Each leaf's branch is one sequence sharing the cached prefix (unified
         KV), so a token attends to the cache and its own ancestors only: row i equals what
         decoding the branch up to token i as a chain would give. Until keep_tree() says which
-        branch is kept, nothing else may be decoded. Requires at most MAX_TREE_LEAVES leaves (an
+        branch is kept, nothing else may be decoded. Requires at most MAX_SEQUENCES leaves (an
         attention-free model, which cannot share a prefix, has max_tree_leaves 1), ids in
         range, and the tree's depth within the context.
         """
@@ -488,7 +496,7 @@ class LlamaModel:
     @property
     def max_tree_leaves(self) -> int:
         """How many branches a token tree may have here (1: chains only)."""
-        return 1 if self.info.is_recurrent else MAX_TREE_LEAVES
+        return 1 if self.info.is_recurrent else MAX_SEQUENCES
 
     def sync(self, tokens: Sequence[int], keep_max: int | None = None) -> int:
         """Make the cache hold exactly `tokens`, re-decoding only after the common prefix (at most

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from ..errors import ContextOverflowError, InvalidRequestError
-from ..gguf_validate import validate_gguf
-from .runtime import _ensure_backend, default_threads, supports_gpu_offload
+from edge_spec.backend.runtime import _ensure_backend, default_threads, supports_gpu_offload
+from edge_spec.errors import ContextOverflowError, InvalidRequestError
+from edge_spec.gguf.validate import validate_gguf
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import llama_cpp
 from llama_cpp._ggml import libggml
 
-from ..errors import InvalidRequestError, RpcError
+from edge_spec.errors import InvalidRequestError, RpcError
 
 log = logging.getLogger(__name__)
 

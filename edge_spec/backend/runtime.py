@@ -17,8 +17,8 @@ os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 import llama_cpp  # noqa: E402
 from llama_cpp._ggml import libggml as _libggml  # noqa: E402
 
-from ..errors import InvalidRequestError, ModelFileError
-from ..gguf_validate import validate_gguf
+from edge_spec.errors import InvalidRequestError, ModelFileError
+from edge_spec.gguf.validate import validate_gguf
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("edge_spec.llama_cpp")

@@ -24,12 +24,12 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from .prompts import Prompt
-from .runner import TARGET, Run, Strategy
+from edge_spec.bench.runner import TARGET, Run, Strategy
+from edge_spec.prompts import Prompt
 
 if TYPE_CHECKING:
-    from ..api import EdgeSpec
-    from .peers import Peer
+    from edge_spec.api import EdgeSpec
+    from edge_spec.bench.peers import Peer
 
 SCENARIOS = ("coding_agent", "tool_loop", "retrieval", "chat_recall")
 KIND = "agentic"
@@ -135,7 +135,7 @@ def run_agentic(
     """Every session turn by turn at T = 0, every entry on each turn's request (the order
     rotating per turn). Runs are named "<session>/<turn>" with the scenario as category and
     "agentic" as kind, so the bench's report aggregates them like prompts."""
-    from ..sampling import SamplingParams
+    from edge_spec.sampling.transform import SamplingParams
 
     plan: list[Strategy | Peer] = [TARGET, *[s for s in strategies if s.name != TARGET.name]]
     plan += list(peers)

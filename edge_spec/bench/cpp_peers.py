@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..errors import EdgeSpecError
+from edge_spec.errors import EdgeSpecError
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def run_cpp_peer(
     if n_predict < 1 or draft_n < 0 or threads < 1 or n_ctx < 1:
         raise CppPeerError("need n_predict >= 1, draft_n >= 0, threads >= 1 and n_ctx >= 1")
     folder = find_bin_dir(bin_dir)
-    from ..backend import supports_gpu_offload
+    from edge_spec.backend import supports_gpu_offload
 
     settings = CppPeerSettings(
         target_path=str(target_path),

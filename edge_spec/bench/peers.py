@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..backend import PromptLookupPeer
+    from edge_spec.backend import PromptLookupPeer
 
 PEER_PATTERN = re.compile(r"^(lcpp-lookup(?:-n(\d+)g(\d+))?|cpp-(lookup|speculative)(?:-k(\d+))?)$")
 
@@ -73,7 +73,7 @@ def make_peers(specs: list[str], setup: PeerSetup) -> list[Peer]:
             raise ValueError(f"unknown peer {spec!r}")
         if spec.startswith("lcpp-"):
             if shared is None:
-                from ..backend import PromptLookupPeer
+                from edge_spec.backend import PromptLookupPeer
 
                 shared = PromptLookupPeer(
                     setup.target_path, n_ctx=setup.n_ctx, n_threads=setup.n_threads
@@ -125,7 +125,7 @@ class LlamaCppPythonLookup:
 
 class CppExample:
     def __init__(self, name: str, setup: PeerSetup, kind: str, k: int) -> None:
-        from .cpp_peers import find_bin_dir
+        from edge_spec.bench.cpp_peers import find_bin_dir
 
         if kind == "speculative" and setup.draft_path is None:
             raise ValueError(f"{name} needs a draft model")
@@ -138,7 +138,7 @@ class CppExample:
     def run(
         self, text: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int
     ) -> PeerResult:
-        from .cpp_peers import run_cpp_peer
+        from edge_spec.bench.cpp_peers import run_cpp_peer
 
         s = self.setup
         result = run_cpp_peer(

@@ -7,8 +7,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .report import ALL, Summary
-from .runner import TARGET
+from edge_spec.bench.report import ALL, Summary
+from edge_spec.bench.runner import TARGET
 
 FIXED_K = re.compile(r"^(model|ngram)-k(\d+)$")
 

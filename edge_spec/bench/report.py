@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import TARGET, Run
+from edge_spec.bench.runner import TARGET, Run
 
 ALL = "all"
 # Aggregate rows over every category of one kind ("input_reusing", "generative"), named so.

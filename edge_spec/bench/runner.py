@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..api import EdgeSpec, GenerationConfig, GenerationResult
-from ..policy import DEFAULT_K_MAX
-from ..sampling import SamplingParams
-from .peers import Peer, PeerResult
-from .prompts import Prompt
+from edge_spec.api import EdgeSpec, GenerationConfig, GenerationResult
+from edge_spec.bench.peers import Peer, PeerResult
+from edge_spec.policy.types import DEFAULT_K_MAX
+from edge_spec.prompts import Prompt
+from edge_spec.sampling.transform import SamplingParams
 
 log = logging.getLogger(__name__)
 

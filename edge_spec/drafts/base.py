@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..keys import SampleKeys
-from ..sampling import SamplingParams
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..backend import common_prefix
-from ..keys import SampleKeys
-from ..sampling import SamplingParams, argmax
-from .base import NO_DRAFT, Draft, KeepDrafting
-from .model import ModelDraft, _top_prob
+from edge_spec.backend import common_prefix
+from edge_spec.drafts.base import NO_DRAFT, Draft, KeepDrafting
+from edge_spec.drafts.model import ModelDraft, _top_prob
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams, argmax
 
 LOOKBEHIND = 2  # committed target tokens re-tokenized with a translation
 REWIND = 2  # draft tokens re-tokenized before the first changed byte

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelFileError
-from ..heads import GRAPH_NAME, HeadInfo, TargetEmbeddings, load_info
-from ..keys import SampleKeys
-from ..sampling import SamplingParams
-from .base import NO_DRAFT, Draft, KeepDrafting
+from edge_spec.drafts.base import NO_DRAFT, Draft, KeepDrafting
+from edge_spec.errors import ModelFileError
+from edge_spec.models.heads import GRAPH_NAME, HeadInfo, TargetEmbeddings, load_info
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams
 
 log = logging.getLogger(__name__)
 

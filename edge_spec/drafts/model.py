@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend import LlamaModel, common_prefix
-from ..keys import SampleKeys
-from ..sampling import SamplingParams, argmax
-from .base import NO_DRAFT, Draft, KeepDrafting
+from edge_spec.backend import LlamaModel, common_prefix
+from edge_spec.drafts.base import NO_DRAFT, Draft, KeepDrafting
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams, argmax
 
 
 class ModelDraft:

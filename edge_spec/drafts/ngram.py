@@ -26,10 +26,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..keys import SampleKeys
-from ..policy import NO_MATCH, Branch, NgramCandidate
-from ..sampling import SamplingParams
-from .base import Draft, KeepDrafting
+from edge_spec.drafts.base import Draft, KeepDrafting
+from edge_spec.drafts.candidates import NO_MATCH, Branch, NgramCandidate
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams
 
 MAX_MATCH = 32  # how far back a match is extended when comparing occurrences
 N_RECENT = 16  # occurrences kept per n-gram

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import LlamaModel
-from ..backend.features import FeatureCollector, SequenceFeatures
-from ..chat import choose_template, render_chat
-from ..errors import InvalidRequestError
-from ..files import atomic_output
-from .prompts import HeadPrompt, head_prompts
+from edge_spec.backend import LlamaModel
+from edge_spec.backend.features import FeatureCollector, SequenceFeatures
+from edge_spec.errors import InvalidRequestError
+from edge_spec.files import atomic_output
+from edge_spec.headtrain.prompts import HeadPrompt, head_prompts
+from edge_spec.models.templates import choose_template, render_chat
 
 log = logging.getLogger(__name__)
 

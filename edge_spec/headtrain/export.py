@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .train import Params
+from edge_spec.headtrain.train import Params
 
 OPSET = 17
 

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EdgeSpecError, InvalidRequestError
-from ..files import atomic_output
-from ..heads import GRAPH_NAME, INFO_NAME, HeadInfo, TargetEmbeddings, head_dir, load_info
-from . import data as data_mod
-from .export import export_onnx
-from .train import (
+from edge_spec.errors import EdgeSpecError, InvalidRequestError
+from edge_spec.files import atomic_output
+from edge_spec.headtrain import data as data_mod
+from edge_spec.headtrain.export import export_onnx
+from edge_spec.headtrain.train import (
     BATCH,
     DEPTH,
     DEPTH_WEIGHTS,
@@ -33,6 +32,14 @@ from .train import (
     forward,
     init_params,
     train_steps,
+)
+from edge_spec.models.heads import (
+    GRAPH_NAME,
+    INFO_NAME,
+    HeadInfo,
+    TargetEmbeddings,
+    head_dir,
+    load_info,
 )
 
 log = logging.getLogger(__name__)
@@ -73,7 +80,7 @@ def train_head(
     """Collect self-distillation data and train a head for this target within `minutes` (wall
     time from now, collection included); export it to the model cache. Raises
     InvalidRequestError when the budget left too little data to train on."""
-    from ..device import file_sha256
+    from edge_spec.files import file_sha256
 
     t_start = time.monotonic()
     deadline = t_start + minutes * 60.0

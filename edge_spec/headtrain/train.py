@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Corpus
+from edge_spec.headtrain.data import Corpus
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,23 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..api import EdgeSpec
-from ..errors import ContextOverflowError, InvalidRequestError, RpcError
-from . import responses as out
-from .metrics import CLIENT_CLOSED, CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
-from .schemas import APIError, ParsedRequest, RequestLimits, parse_chat, parse_completion
-from .worker import Job, QueueFullError, UnavailableError, Worker
+from edge_spec.api import EdgeSpec
+from edge_spec.errors import ContextOverflowError, InvalidRequestError, RpcError
+from edge_spec.server import responses as out
+from edge_spec.server.metrics import (
+    CLIENT_CLOSED,
+    CONTENT_TYPE,
+    RequestMetricsMiddleware,
+    ServerMetrics,
+)
+from edge_spec.server.schemas import (
+    APIError,
+    ParsedRequest,
+    RequestLimits,
+    parse_chat,
+    parse_completion,
+)
+from edge_spec.server.worker import Job, QueueFullError, UnavailableError, Worker
 
 log = logging.getLogger(__name__)
 

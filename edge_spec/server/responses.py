@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import GenerationResult
+from edge_spec.api import GenerationResult
 
 # Ours -> OpenAI's: a stop string and an end-of-generation token both end the text naturally;
 # max_tokens and a full context both cut it.

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..api import GenerationConfig
-from ..chat import ROLES
-from ..errors import InvalidRequestError
-from ..sampling import SamplingParams
+from edge_spec.api import GenerationConfig
+from edge_spec.errors import InvalidRequestError
+from edge_spec.models.templates import ROLES
+from edge_spec.sampling.transform import SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_SESSION_KEY = 256

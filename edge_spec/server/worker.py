@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
-from ..api import EdgeSpec, TextDelta
-from ..errors import EdgeSpecError, RpcError
-from .metrics import ServerMetrics
+from edge_spec.api import EdgeSpec, TextDelta
+from edge_spec.errors import EdgeSpecError, RpcError
+from edge_spec.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..policy import CostCurve
+from edge_spec.policy.types import CostCurve
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
@@ -71,7 +71,7 @@ def load_profile(name_or_path: str | Path) -> CurveProfile:
 def _measured_curve(path: Path, data: dict) -> CurveProfile:
     """A device profile measured here (edge_spec.device), seen as a curve: the target's t(n)
     relative to t(1), and c = the draft's t(1) over the target's."""
-    from ..device import DeviceProfile
+    from edge_spec.device.profile import DeviceProfile
 
     profile = DeviceProfile.from_dict(data)
     costs = profile.cost_curve()

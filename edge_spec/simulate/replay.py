@@ -17,24 +17,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cost_policy import CostModelK
-from ..policy import (
+from edge_spec.decode.verify import check_tree
+from edge_spec.drafts.candidates import NgramCandidate
+from edge_spec.policy.cost import CostModelK
+from edge_spec.policy.simple import FixedK, HeuristicK
+from edge_spec.policy.trees import TokenTree, alternate_tree, token_tree
+from edge_spec.policy.types import (
     DEFAULT_TREE_NODES,
     CostCurve,
-    FixedK,
-    HeuristicK,
     KPolicy,
-    NgramCandidate,
     SourceName,
     StepOutcome,
-    TokenTree,
-    alternate_tree,
     model_lag_after,
-    token_tree,
 )
-from ..verify import check_tree
-from .curves import CurveProfile
-from .traces import PromptTrace, TraceSet
+from edge_spec.simulate.curves import CurveProfile
+from edge_spec.simulate.traces import PromptTrace, TraceSet
 
 SOURCES: tuple[SourceName, ...] = ("model", "ngram", "none")
 

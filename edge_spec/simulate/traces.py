@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..policy import NO_MATCH, Branch, NgramCandidate
+from edge_spec.drafts.candidates import NO_MATCH, Branch, NgramCandidate
 
 K_MAX = 16  # tokens recorded per position
 TRACE_SCHEMA = 1

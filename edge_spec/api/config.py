@@ -1,0 +1,220 @@
+"""The public API's configuration and result types: EngineConfig (how the models load, fixed for
+an EdgeSpec's life), GenerationConfig (one request), GenerationResult and TextDelta."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from edge_spec.decode.stats import GenerationStats
+from edge_spec.decode.text import Span
+from edge_spec.errors import InvalidRequestError
+from edge_spec.modes import DRAFT_MODES, DraftMode
+from edge_spec.policy.types import DEFAULT_K_MAX
+from edge_spec.sampling import SamplingParams
+
+PolicyName = Literal["fixed", "heuristic", "cost"]
+POLICIES: tuple[str, ...] = ("fixed", "heuristic", "cost")
+DEFAULT_K = 4  # the fixed policy's draft length when none is given (the heuristic's start)
+DEFAULT_SESSION = "default"  # the session of API calls that name none
+FinishReason = Literal["stop", "eos", "length", "context"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the models are loaded; fixed for the life of an EdgeSpec."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = -1  # -1: as planned (all where they fit); ignored on CPU builds
+    mem_budget_bytes: int | None = None  # RAM the pair may use; None: what is free now
+    ngram_max: int = 3
+    ngram_min: int = 1
+    # How many tokens of a session's earlier requests (prompts and outputs) the n-gram source
+    # drafts from (0: each request from itself only), and how many sessions are kept. Safe on
+    # by default: sampled tokens are keyed by (seed, position), so drafts never change the text.
+    ngram_session_tokens: int = 32768
+    max_sessions: int = 16
+    # What all sessions' indexes together may hold (estimated from above); the least recently
+    # used sessions go first. None: only the token and session bounds.
+    ngram_session_bytes: int | None = 64 * 2**20
+    # The chat template: None for the model's own (a built-in for its architecture if it has
+    # none), or a built-in name ("chatml", "gemma") or a file of Jinja.
+    chat_template: str | None = None
+    # Load a model file this machine has no verdict for in a child process first, so that a
+    # file llama.cpp aborts on cannot take this process down (edge_spec.isolation). The CLI and
+    # the server set it; a library user whose files come from elsewhere may.
+    verify_in_child: bool = False
+    # A draft head trained for the target (edge-spec head train) drafts in auto mode when one
+    # exists; False keeps auto to the draft model (the CLI sets it when --draft is given).
+    # draft_mode "head" needs one either way.
+    use_head: bool = True
+    # llama.cpp rpc-servers ("host:port") that hold the target's layers (edge-spec rpc-server);
+    # the draft, n-gram and head stay on this machine. Empty: everything local.
+    rpc_servers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.n_ctx >= 16, f"n_ctx must be >= 16, got {self.n_ctx}"),
+            (self.n_batch >= 1, f"n_batch must be >= 1, got {self.n_batch}"),
+            (
+                self.n_threads is None or self.n_threads >= 1,
+                f"n_threads must be >= 1, got {self.n_threads}",
+            ),
+            (
+                self.ngram_session_tokens >= 0,
+                f"ngram_session_tokens must be >= 0, got {self.ngram_session_tokens}",
+            ),
+            (self.max_sessions >= 1, f"max_sessions must be >= 1, got {self.max_sessions}"),
+            (
+                (self.ngram_session_bytes or 0) >= 0,
+                f"ngram_session_bytes must be >= 0, got {self.ngram_session_bytes}",
+            ),
+            (
+                1 <= self.ngram_min <= self.ngram_max,
+                f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequestError(message)
+        if self.rpc_servers:
+            from edge_spec.backend.rpc import parse_endpoints
+
+            parse_endpoints(",".join(self.rpc_servers))
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request. `sampling.temperature == 0` is greedy (exact), > 0 rejection sampling."""
+
+    max_tokens: int = 128
+    # A fixed draft length; giving it without a policy means the fixed policy. None: adaptive
+    # (the fixed and heuristic policies then start from DEFAULT_K).
+    k: int | None = None
+    k_max: int = DEFAULT_K_MAX  # the adaptive policies' cap (policy.DEFAULT_K_MAX)
+    # Token trees: the most branch tokens an n-gram draft may add (the cost policy adds them
+    # while they pay; the fixed policy adds as many as the lookup offers). None: 8 under the
+    # cost policy, 0 (chains only) under the others.
+    tree_nodes: int | None = None
+    draft_mode: DraftMode | None = None  # None: the EdgeSpec's default
+    # None: "fixed" when k is given, else "cost" -- in every draft mode, so that no mode a user
+    # can pick runs slower than the target alone.
+    policy: PolicyName | None = None
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Which conversation this request belongs to: the n-gram source drafts from that session's
+    # earlier requests too. The EdgeSpec's own session by default; None: this request alone
+    # (the server's default, so no client's text reaches another's drafts).
+    session: str | None = DEFAULT_SESSION
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens < 0:
+            raise InvalidRequestError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        k = self.k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise InvalidRequestError(f"k must be an integer >= 0, got {k!r}")
+        if isinstance(self.k_max, bool) or not isinstance(self.k_max, int) or self.k_max < 0:
+            raise InvalidRequestError(f"k_max must be an integer >= 0, got {self.k_max!r}")
+        tree = self.tree_nodes
+        if tree is not None and (isinstance(tree, bool) or not isinstance(tree, int) or tree < 0):
+            raise InvalidRequestError(f"tree_nodes must be an integer >= 0, got {tree!r}")
+        if max(self.k or 0, self.k_max, tree or 0) > 64:
+            raise InvalidRequestError(
+                f"k, k_max and tree_nodes must be <= 64, got {self.k}, {self.k_max}, {tree}"
+            )
+        if self.policy is not None and self.policy not in POLICIES:
+            raise InvalidRequestError(
+                f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
+            )
+        if self.draft_mode is not None and self.draft_mode not in DRAFT_MODES:
+            raise InvalidRequestError(
+                f"draft_mode must be one of {', '.join(DRAFT_MODES)}, got {self.draft_mode!r}"
+            )
+        if self.stop is None or isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,) if self.stop else ())
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty strings")
+        if self.session is not None and not isinstance(self.session, str):
+            raise InvalidRequestError(f"session must be a string or None, got {self.session!r}")
+
+    @classmethod
+    def from_kwargs(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
+        """Build a config from keyword overrides; sampling fields (temperature, top_k, top_p,
+        min_p, seed) may be given flat."""
+        base = base or cls()
+        sampling_names = {f.name for f in fields(SamplingParams)}
+        own_names = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - sampling_names - own_names
+        if unknown:
+            raise InvalidRequestError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+        flat = {key: kwargs.pop(key) for key in list(kwargs) if key in sampling_names}
+        sampling = kwargs.pop("sampling", base.sampling)
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidRequestError(f"sampling must be SamplingParams, got {sampling!r:.60}")
+        sampling = replace(sampling, **flat)
+        stop = kwargs.get("stop")
+        if stop is not None and not isinstance(stop, str):
+            try:
+                kwargs["stop"] = tuple(stop)
+            except TypeError:
+                raise InvalidRequestError(
+                    f"stop must be a string or a list of strings, got {stop!r:.60}"
+                ) from None
+        return replace(base, sampling=sampling, **kwargs)
+
+    @property
+    def policy_name(self) -> PolicyName:
+        """The policy this request runs: the one asked for, else fixed when k is given, else
+        the cost model."""
+        if self.policy is not None:
+            return self.policy
+        return "fixed" if self.k is not None else "cost"
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    finish_reason: FinishReason
+    token_ids: tuple[int, ...]
+    prompt_token_ids: tuple[int, ...]
+    target: str  # path of the target GGUF
+    draft: str | None  # path of the draft GGUF, None when no model drafted
+    draft_mode: DraftMode
+    policy: str
+    k: int | None  # the fixed k asked for; None when the policy chose k per step
+    stats: GenerationStats
+    # "shared": the draft model's token ids are the target's; "translated": its text is
+    # re-tokenized for the target (a cross-vocabulary draft); None without a draft model.
+    draft_vocab: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "token_ids": list(self.token_ids),
+            "n_prompt_tokens": len(self.prompt_token_ids),
+            "target": self.target,
+            "draft": self.draft,
+            "draft_vocab": self.draft_vocab,
+            "draft_mode": self.draft_mode,
+            "policy": self.policy,
+            "k": self.k,
+            "stats": self.stats.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """One piece of streamed output. Text never splits a multi-byte UTF-8 character; the last
+    delta has finish_reason set and carries the whole result."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    result: GenerationResult | None = None
+    # The text again, as runs marked True where they came from accepted draft tokens.
+    spans: tuple[Span, ...] = ()

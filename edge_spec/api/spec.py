@@ -1,0 +1,327 @@
+"""EdgeSpec(target, draft).generate / stream / chat: one request at a time through the decode
+loop, with the draft sources and the k policy its draft mode allows."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from edge_spec.api import assembly
+from edge_spec.api.config import (
+    EngineConfig,
+    FinishReason,
+    GenerationConfig,
+    GenerationResult,
+    TextDelta,
+)
+from edge_spec.backend import LlamaModel
+from edge_spec.decode.engine import Prefill, Step, run_steps
+from edge_spec.decode.stats import StatsCollector
+from edge_spec.decode.text import Span, TextAssembler
+from edge_spec.drafts import DraftSource, NgramDraft
+from edge_spec.drafts.head import HeadDraft
+from edge_spec.errors import InvalidRequestError
+from edge_spec.models.placement import plan_placement
+from edge_spec.models.templates import render_chat
+from edge_spec.modes import HEAD, DraftMode
+from edge_spec.policy import make_policy
+from edge_spec.policy.cost import DRAFT_FREE_RISK
+from edge_spec.policy.types import CostCurve, KPolicy, SourceName
+
+log = logging.getLogger(__name__)
+
+DEFAULT_K = 4  # the fixed policy's draft length when none is given (the heuristic's start)
+
+
+class EdgeSpec:
+    """A target GGUF model with an optional GGUF draft; not safe for concurrent requests (a lock
+    serializes them)."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        draft_mode: DraftMode | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.config = cfg = config or EngineConfig()
+        choice = assembly.choose_models(target, draft, draft_mode, cfg)
+        self.default_draft_mode: DraftMode = choice.mode
+        self.target_path, self.draft_path = choice.target_path, choice.draft_path
+        self.draft_is_self = choice.draft_is_self
+        devices = assembly.rpc_devices(cfg)
+        if cfg.verify_in_child:
+            assembly.check_files(choice)
+        # Refuse before loading anything if the pair and its KV cannot fit in the budget.
+        self.placement = plan_placement(
+            self.target_path,
+            self.draft_path,
+            n_ctx=cfg.n_ctx,
+            ram_budget_bytes=cfg.mem_budget_bytes,
+            remote_budget_bytes=devices.remote_free_bytes,
+        )
+        log.info("placement: %s", self.placement.describe())
+        self.target = assembly.load_target(choice, cfg, devices)
+        self.draft: LlamaModel | None = None
+        try:
+            self._sources, self.draft, self.head_dir = assembly.load_sources(
+                choice, cfg, self.target, devices
+            )
+            self.chat_template = assembly.chat_template(cfg, self.target)
+        except BaseException:
+            self.close()
+            raise
+        self._policies: dict[tuple[object, ...], KPolicy] = {}
+        self._costs: CostCurve | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+        self.target.close()
+
+    def clear_session(self, session: str | None = None) -> None:
+        """Forget one session's earlier requests (None: every session's); what the k policies
+        learned stays. Benchmarks call this between runs so no run drafts from another's
+        output of the same prompt."""
+        with self._lock:
+            self._ngram.clear_session(session)
+
+    @property
+    def _ngram(self) -> NgramDraft:
+        ngram = self._sources["ngram"]
+        assert isinstance(ngram, NgramDraft)
+        return ngram
+
+    def __enter__(self) -> EdgeSpec:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- public calls ----------------------------------------------------------------------
+
+    def generate(
+        self, prompt: str, config: GenerationConfig | None = None, **options: Any
+    ) -> GenerationResult:
+        """Complete `prompt`; options override fields of `config` (see GenerationConfig)."""
+        for delta in self.stream(prompt, config, **options):
+            if delta.result is not None:
+                return delta.result
+        raise AssertionError("stream() ended without a result")  # pragma: no cover
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        config: GenerationConfig | None = None,
+        **options: Any,
+    ) -> GenerationResult:
+        """Answer a conversation rendered with the target GGUF's own chat template."""
+        return self.generate(self.render_chat(messages), config, **options)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        config: GenerationConfig | None = None,
+        **options: Any,
+    ) -> Iterator[TextDelta]:
+        return self.stream(self.render_chat(messages), config, **options)
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        info = self.target.info
+        return render_chat(
+            self.chat_template.text,
+            messages,
+            bos_token=self.target.token_text(info.bos_id).decode("utf-8", "replace"),
+            eos_token=self.target.token_text(info.eos_id).decode("utf-8", "replace"),
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.target.tokenize(text, add_special=True, parse_special=True)
+
+    def stream(
+        self, prompt: str, config: GenerationConfig | None = None, **options: Any
+    ) -> Iterator[TextDelta]:
+        """Yields text deltas as tokens are accepted; the last delta carries the result."""
+        if not isinstance(prompt, str):
+            raise InvalidRequestError("the prompt must be a string")
+        cfg = (
+            GenerationConfig.from_kwargs(config, **options)
+            if options
+            else (config or GenerationConfig())
+        )
+        mode: DraftMode = cfg.draft_mode or self.default_draft_mode
+        if mode == "model" and "model" not in self._sources:
+            raise InvalidRequestError(f"draft_mode {mode!r} needs a draft model; none is loaded")
+        if mode == HEAD and HEAD not in self._sources:
+            raise InvalidRequestError(
+                "draft_mode 'head' needs a draft head: none was trained for this target "
+                "(edge-spec head train)"
+            )
+        prompt_ids = self.tokenize(prompt)
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        return self._stream(prompt_ids, cfg, mode)
+
+    # ---- the generation driver -------------------------------------------------------------
+
+    def _stream(
+        self, prompt_ids: list[int], cfg: GenerationConfig, mode: DraftMode
+    ) -> Iterator[TextDelta]:
+        with self._lock:
+            sources, policy = self._plan_for(mode, cfg)  # may profile the device: not timed
+            self._ngram.select(cfg.session)
+            t_start = time.perf_counter()
+            stats = StatsCollector({slot: source.name for slot, source in sources.items()})
+            text = TextAssembler(cfg.stop)
+            token_ids: list[int] = []
+            new_ids: list[int] = []
+            finish: FinishReason | None = None
+            steps = run_steps(
+                self.target,
+                sources,
+                policy,
+                prompt_ids,
+                k_max=max((cfg.k or 0) + (cfg.tree_nodes or 0), cfg.k_max),
+                max_tokens=cfg.max_tokens,
+                sampling=cfg.sampling,
+            )
+            try:
+                for event in steps:
+                    if isinstance(event, Prefill):
+                        stats.prefill(event)
+                        continue
+                    stats.step(event)
+                    new_ids, finish = self._take(event, len(token_ids), text, cfg.max_tokens)
+                    token_ids.extend(new_ids)
+                    if finish is not None:
+                        break
+                    spans = text.take_ready_spans()
+                    yield TextDelta(_join(spans), tuple(new_ids), spans=tuple(spans))
+                    new_ids = []
+            finally:
+                steps.close()
+            if finish is None:  # the loop ran out: max_tokens reached or the context is full
+                finish = "length" if len(token_ids) >= cfg.max_tokens else "context"
+            tail = text.finish_spans()
+            result = GenerationResult(
+                text=text.text,
+                finish_reason=finish,
+                token_ids=tuple(token_ids),
+                prompt_token_ids=tuple(prompt_ids),
+                target=str(self.target_path),
+                draft=_draft_name(sources.get("model"), self.draft_path, self.head_dir),
+                draft_mode=mode,
+                policy=policy.name,
+                k=cfg.k,
+                stats=stats.result(len(prompt_ids), len(token_ids), time.perf_counter() - t_start),
+                draft_vocab=(
+                    getattr(sources["model"], "vocabulary", None) if "model" in sources else None
+                ),
+            )
+            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
+
+    def _plan_for(
+        self, mode: DraftMode, cfg: GenerationConfig
+    ) -> tuple[dict[SourceName, DraftSource], KPolicy]:
+        """The draft sources a mode allows and the k policy that chooses among them. Policies
+        are kept per (mode, policy, k, k_max, greedy), so what they learn carries over between
+        requests."""
+        if mode == "self" and not self.draft_is_self:
+            raise InvalidRequestError("draft_mode 'self' needs an engine started with draft 'self'")
+        names: tuple[SourceName, ...] = {
+            "auto": ("model", "ngram", "none"),
+            "model": ("model", "none"),
+            "self": ("model", "none"),
+            "head": ("model", "none"),
+            "ngram": ("ngram", "none"),
+            "none": ("none",),
+        }[mode]
+        # The policy's learned-draft slot ("model"): the head in head mode, and in auto when one
+        # was trained for the target (it costs ~1 % of a step where a draft model costs a third
+        # or more); the draft model otherwise.
+        learned = HEAD if mode == HEAD or (mode == "auto" and HEAD in self._sources) else "model"
+        held = {name: learned if name == "model" else name for name in names}
+        sources = {name: self._sources[held[name]] for name in names if held[name] in self._sources}
+        policy_name = cfg.policy_name if mode != "none" else "fixed"
+        k = (DEFAULT_K if cfg.k is None else cfg.k) if mode != "none" else 0
+        # Acceptance differs between greedy and sampled decoding: learn them apart.
+        key = (mode, learned, policy_name, k, cfg.k_max, cfg.tree_nodes, cfg.sampling.greedy)
+        if key not in self._policies:
+            costs = self.cost_curve(learned) if policy_name == "cost" else None
+            self._policies[key] = make_policy(
+                policy_name,
+                costs,
+                k=k,
+                k_max=max(k, cfg.k_max),
+                tree_nodes=cfg.tree_nodes,
+                model_prior=self._head_prior() if learned == HEAD else None,
+                risk=DRAFT_FREE_RISK if mode == "ngram" else None,
+            )
+        return sources, self._policies[key]
+
+    def _head_prior(self) -> float | None:
+        """The head's held-out first-position acceptance, measured when it was trained."""
+        head = self._sources[HEAD]
+        assert isinstance(head, HeadDraft)
+        return head.info.first_acceptance if head.info is not None else None
+
+    def cost_curve(self, learned: str = "model") -> CostCurve:
+        """This device's measured costs for the loaded pair: the cached profile, or a quick
+        profile measured now (the first time a pair is used on a machine). With the head in
+        the learned-draft slot, its own cost per token (measured at load) replaces the draft
+        model's: flat, since it reads the target's hidden state instead of re-decoding."""
+        if learned == HEAD:
+            head = self._sources[HEAD]
+            assert isinstance(head, HeadDraft)
+            return replace(
+                self.cost_curve(),
+                draft_token_s=head.token_s,
+                draft_verify_s=(head.token_s, head.token_s),
+            )
+        if self._costs is None:
+            from edge_spec.device.profile import load_or_profile
+
+            profile = load_or_profile(
+                self.target_path,
+                self.draft_path,
+                n_threads=self.target.n_threads,
+                n_gpu_layers=self.config.n_gpu_layers,
+                quick=True,
+                rpc_servers=self.config.rpc_servers,
+            )
+            self._costs = profile.cost_curve()
+        return self._costs
+
+    def _take(
+        self, step: Step, n_before: int, text: TextAssembler, max_tokens: int
+    ) -> tuple[list[int], FinishReason | None]:
+        """The step's tokens up to the first end condition, and that condition if one was met."""
+        taken: list[int] = []
+        for i, token in enumerate(step.tokens):
+            if self.target.is_eog(token):
+                return taken, "eos"
+            taken.append(token)
+            if text.feed(self.target.token_bytes(token), from_draft=i < step.n_accepted):
+                return taken, "stop"
+            if n_before + len(taken) >= max_tokens:
+                return taken, "length"
+        return taken, None
+
+
+def _draft_name(source: DraftSource | None, draft: Path | None, head: Path | None) -> str | None:
+    """What drafted in the learned-draft slot: the draft model's path or the head's directory."""
+    if source is None:
+        return None
+    return str(head) if isinstance(source, HeadDraft) else str(draft)
+
+
+def _join(spans: Sequence[Span]) -> str:
+    return "".join(text for text, _ in spans)

@@ -1,0 +1,248 @@
+"""The decode loop: draft -> one batched target pass -> verify -> roll back -> repeat.
+
+Invariant between steps: the target's KV cache holds context[:-1]; the last token (the
+target's latest choice, or the prompt's last token) is decoded at the head of the next batch,
+so every step asks the target for exactly k + 1 logit rows and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_spec.backend import LlamaModel
+from edge_spec.decode.verify import Verdict, verify_greedy, verify_keyed, verify_tree
+from edge_spec.drafts import NO_DRAFT, Draft, DraftSource, ModelDraft, NgramDraft
+from edge_spec.drafts.candidates import NgramCandidate
+from edge_spec.errors import ContextOverflowError, InvalidRequestError
+from edge_spec.policy.trees import alternate_tree, token_tree
+from edge_spec.policy.types import KPolicy, SourceName, StepOutcome, StepPlan
+from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.transform import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one speculative step produced: the new tokens (accepted draft tokens, then one
+    token chosen by the target), which source drafted, the k the policy planned, and where the
+    time went."""
+
+    tokens: tuple[int, ...]
+    source: SourceName
+    k_planned: int
+    n_drafted: int
+    n_accepted: int
+    draft_s: float  # planning and drafting
+    verify_s: float  # the target pass, verification, rollback and policy feedback
+    decode_s: float = 0.0  # of draft_s + verify_s, the time inside llama_decode (both models)
+    n_branch_nodes: int = 0  # a token tree: its branch tokens (also counted in n_drafted)
+    n_branch_accepted: int = 0  # accepted tokens that came from a branch
+    depth: int = 0  # a token tree: its deepest draft position + 1 (a chain: n_drafted)
+
+    @property
+    def n_positions(self) -> int:
+        """How many draft positions (1, 2, ...) the step proposed a token for."""
+        return self.depth if self.n_branch_nodes else self.n_drafted
+
+
+@dataclass(frozen=True)
+class Prefill:
+    n_prompt: int
+    n_cached: int  # prompt tokens whose KV was reused from the previous request
+    prefill_s: float
+
+
+def run_steps(
+    target: LlamaModel,
+    sources: Mapping[SourceName, DraftSource],
+    policy: KPolicy,
+    prompt: Sequence[int],
+    *,
+    k_max: int,
+    max_tokens: int,
+    sampling: SamplingParams,
+) -> Iterator[Prefill | Step]:
+    """Yields one Prefill, then Steps until max_tokens tokens were produced or the context is
+    full (the caller stops earlier at EOS or a stop string by closing the generator).
+
+    Requires a non-empty prompt that fits in the target's context, k_max >= 0, max_tokens >= 0,
+    and "none" among the sources; the policy picks a source and k <= k_max for every step.
+    """
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty")
+    if k_max < 0:
+        raise InvalidRequestError(f"k must be >= 0, got {k_max}")
+    if len(prompt) > target.n_ctx:
+        raise ContextOverflowError(
+            f"prompt of {len(prompt)} tokens does not fit in the context of {target.n_ctx}"
+        )
+    keys = SampleKeys(sampling.seed)  # draws keyed by (seed, position): drafts change nothing
+    context = list(prompt)
+    names = tuple(sources)
+    ngram = sources.get("ngram")
+    # Token trees need a target that keeps one sequence per branch, and a policy that plans them.
+    trees = policy.tree_nodes > 0 and target.max_tree_leaves > 1
+    # Draft heads read the target's hidden state of the row that chose the newest token.
+    heads = [s for s in sources.values() if getattr(s, "wants_hidden", False)]
+    if heads and not target.hidden_states:
+        raise InvalidRequestError("a draft head needs a target loaded with hidden_states=True")
+
+    t0 = time.perf_counter()
+    cached = target.sync(context[:-1])
+    model = sources.get("model")
+    lag = model.lag(context) if isinstance(model, ModelDraft) else 1
+    for source in sources.values():
+        # A draft model the policy does not expect to pay for its prefill is not prefilled:
+        # the time to first token stays the target's own, and a later first draft catches up.
+        if not isinstance(source, ModelDraft) or policy.wants_model(lag):
+            source.begin(context)
+    policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
+    yield Prefill(len(prompt), cached, time.perf_counter() - t0)
+
+    models = [target, *sources.values()]  # what spends time inside llama_decode
+    n_out = 0
+    while n_out < max_tokens and len(context) <= target.n_ctx:
+        # The batch [last, d_1..d_k] lands at positions len-1 .. len-1+k, all < n_ctx.
+        k_cap = min(k_max, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
+        t0 = time.perf_counter()
+        decode0_s = sum(m.decode_s for m in models)
+        candidate = (
+            ngram.candidate(context, k_cap, branches=trees)
+            if isinstance(ngram, NgramDraft)
+            else None
+        )
+        plan = policy.plan(names, k_cap, candidate)
+        draft, branch_weights = _propose(
+            plan,
+            sources,
+            candidate,
+            context,
+            sampling,
+            keys,
+            policy,
+            target.max_tree_leaves if trees else 1,
+            k_cap,
+        )
+        t1 = time.perf_counter()
+        verdict, hidden = _target_pass(target, draft, context, sampling, keys, bool(heads))
+        context.extend(verdict.tokens)
+        for head in heads:
+            head.observe(len(context), hidden)
+        n_out += len(verdict.tokens)
+        t2 = time.perf_counter()
+        match_len = candidate.match_len if candidate and plan.source == "ngram" else 0
+        n_main = len(draft.tokens) - len(branch_weights)  # tree: main chain, then branches
+        n_branch_accepted = sum(i >= n_main for i in verdict.path)
+        policy.update(
+            StepOutcome(
+                plan.source,
+                len(draft.tokens),
+                verdict.n_accepted,
+                draft.confidences,
+                match_len,
+                t1 - t0,
+                t2 - t1,
+                tokens=verdict.tokens,
+                n_branch_nodes=len(branch_weights),
+                n_branch_accepted=n_branch_accepted,
+                branch_weight=sum(branch_weights),
+            )
+        )
+        yield Step(
+            verdict.tokens,
+            plan.source,
+            plan.k,
+            len(draft.tokens),
+            verdict.n_accepted,
+            t1 - t0,
+            t2 - t1,
+            sum(m.decode_s for m in models) - decode0_s,
+            len(branch_weights),
+            n_branch_accepted,
+            _depth(draft),
+        )
+
+
+def _propose(
+    plan: StepPlan,
+    sources: Mapping[SourceName, DraftSource],
+    candidate: NgramCandidate | None,
+    context: list[int],
+    sampling: SamplingParams,
+    keys: SampleKeys,
+    policy: KPolicy,
+    max_leaves: int,
+    plan_cap: int,
+) -> tuple[Draft, tuple[float, ...]]:
+    """The plan's draft -- nothing, the n-gram candidate's head (or a token tree of it and its
+    branches), or a learned draft that the policy may stop early (or verify with some of its
+    runner-up candidates as a token tree) -- and its branch tokens' weights. plan_cap: the most
+    tokens the step's batch may draft."""
+    if plan.k == 0 or plan.source == "none":
+        return NO_DRAFT, ()
+    if plan.source == "ngram" and candidate is not None:
+        if plan.branches and max_leaves > 1:
+            tree = token_tree(candidate, plan.k, plan.branches, max_leaves)
+            if tree.branch_weights:
+                return Draft(tree.tokens, parents=tree.parents), tree.branch_weights
+        return Draft(candidate.tokens[: plan.k]), ()
+    draft = sources[plan.source].propose(context, plan.k, sampling, keys, policy.keep_drafting)
+    if draft.alternates and policy.tree_nodes > 0 and max_leaves > 1:
+        # A learned draft's runner-ups, where the policy finds they pay: one-token branches.
+        budget = plan_cap - len(draft.tokens)
+        chosen = policy.alternates(draft.confidences, draft.alternates, budget, max_leaves)
+        tree = alternate_tree(draft.tokens, draft.alternates, chosen)
+        if tree.branch_weights:
+            return Draft(tree.tokens, draft.confidences, tree.parents), tree.branch_weights
+    return Draft(draft.tokens, draft.confidences), ()
+
+
+def _depth(draft: Draft) -> int:
+    """A draft's deepest position + 1 (its length for a chain)."""
+    if not draft.parents:
+        return len(draft.tokens)
+    depth: list[int] = []
+    for parent in draft.parents:
+        depth.append(depth[parent] + 1 if parent >= 0 else 1)
+    return max(depth)
+
+
+def _target_pass(
+    target: LlamaModel,
+    draft: Draft,
+    context: list[int],
+    sampling: SamplingParams,
+    keys: SampleKeys,
+    want_hidden: bool = False,
+) -> tuple[Verdict, np.ndarray | None]:
+    """One target pass over [last token, draft...] (a chain, or a token tree with one sequence
+    per branch), verified; the cache keeps what was accepted. With want_hidden, also the hidden
+    state of the row that chose the target's own token (the last accepted one's row)."""
+    batch = [context[-1], *draft.tokens]
+    if draft.parents:
+        logits = target.decode_tree(batch, (-1, *(p + 1 for p in draft.parents)))
+        verdict = verify_tree(draft.tokens, draft.parents, logits, sampling, keys, len(context))
+        hidden = target.hidden(verdict.path[-1] + 1 if verdict.path else 0) if want_hidden else None
+        target.keep_tree([i + 1 for i in verdict.path])
+        return verdict, hidden
+    logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
+    verdict = _verify(draft, logits, sampling, keys, len(context))
+    hidden = target.hidden(verdict.n_accepted) if want_hidden else None
+    target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
+    return verdict, hidden
+
+
+def _verify(
+    draft: Draft, logits: np.ndarray, sampling: SamplingParams, keys: SampleKeys, n_context: int
+) -> Verdict:
+    """The target's own choice at each row -- argmax, or its keyed sample for that position --
+    with the draft kept while it agrees: the output never depends on what was drafted."""
+    if sampling.greedy:
+        return verify_greedy(draft.tokens, logits)
+    return verify_keyed(draft.tokens, logits, sampling, keys, n_context)

@@ -1,0 +1,274 @@
+"""The cost policy's estimators: acceptance per draft position (shared across requests and per
+request), calibration of a model draft's confidences, and the device cost curve corrected online
+from measured step times."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge_spec.policy.types import CostCurve, StepOutcome
+
+
+class AcceptanceEstimate:
+    """Per draft position i, alpha_i = P(token i accepted | tokens < i accepted), from
+    exponentially decayed counts (each observation multiplies the old counts by `decay`).
+
+    Shrinkage is hierarchical: position i leans on the pooled rate of all positions with
+    `prior_weight` pseudo-counts, and the pooled rate leans on `prior` the same way, so the
+    prior fades as evidence comes in and deep, rarely reached positions borrow from shallow ones.
+    """
+
+    def __init__(
+        self, prior: float, n_positions: int, decay: float = 0.95, prior_weight: float = 2.0
+    ) -> None:
+        self.prior = min(max(prior, 0.0), 1.0)
+        self.decay = decay
+        self.prior_weight = prior_weight
+        # The decayed counts are _accepted[i] * _scale: fading all of them is one multiply of
+        # _scale (the policy forgets every unused estimate on every step).
+        self._accepted = [0.0] * n_positions
+        self._reached = [0.0] * n_positions
+        self._scale = 1.0
+        self._alphas: list[float] | None = None  # alphas(len) until the next change
+        self._pooled = self.prior
+
+    @property
+    def accepted(self) -> list[float]:
+        return [a * self._scale for a in self._accepted]
+
+    @property
+    def reached(self) -> list[float]:
+        return [r * self._scale for r in self._reached]
+
+    def pooled(self) -> float:
+        w, scale = self.prior_weight, self._scale
+        return (sum(self._accepted) * scale + w * self.prior) / (sum(self._reached) * scale + w)
+
+    def alphas(self, k: int) -> list[float]:
+        """alpha_0 .. alpha_{k-1} (positions past the tracked range use the pooled rate)."""
+        n = len(self._reached)
+        if self._alphas is None:
+            w, pooled, scale = self.prior_weight, self.pooled(), self._scale
+            self._alphas = [
+                (a * scale + w * pooled) / (r * scale + w)
+                for a, r in zip(self._accepted, self._reached)
+            ]
+            self._pooled = pooled
+        if k <= n:
+            return self._alphas[:k]
+        return self._alphas + [self._pooled] * (k - n)
+
+    def forget(self, factor: float) -> None:
+        """Let the evidence fade towards the prior without a new observation."""
+        self._scale *= factor
+        self._alphas = None
+        if self._scale < 1e-200:  # fold the scale in before it underflows
+            self._accepted = self.accepted
+            self._reached = self.reached
+            self._scale = 1.0
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        """A step drafted n_drafted tokens and the first n_accepted of them were accepted."""
+        if n_drafted <= 0:
+            return
+        self.forget(self.decay)
+        one = 1.0 / self._scale
+        for i in range(min(n_drafted, n_accepted + 1, len(self._reached))):
+            self._reached[i] += one
+            if i < n_accepted:
+                self._accepted[i] += one
+
+
+class RequestEstimate:
+    """A request's own acceptance, shrunk towards a shared estimate: the shared one carries what
+    was learned across requests, this one follows the text at hand (code being copied, or prose
+    that does not repeat) within a few steps. Evidence goes to both."""
+
+    def __init__(self, shared: AcceptanceEstimate, weight: float = 3.0) -> None:
+        self.shared = shared
+        self.weight = weight
+        n = len(shared.reached)
+        self.accepted = [0.0] * n
+        self.reached = [0.0] * n
+
+    def alphas(self, k: int) -> list[float]:
+        w, n = self.weight, len(self.reached)
+        return [
+            (self.accepted[i] + w * g) / (self.reached[i] + w) if i < n else g
+            for i, g in enumerate(self.shared.alphas(k))
+        ]
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        self.shared.observe(n_drafted, n_accepted)
+        for i in range(min(n_drafted, n_accepted + 1, len(self.reached))):
+            self.reached[i] += 1.0
+            if i < n_accepted:
+                self.accepted[i] += 1.0
+
+
+class RatioEstimate:
+    """observed / expected over exponentially decayed sums, leaning on `prior` with
+    `prior_weight` pseudo-counts of expectation: how far a token tree's branch weights (the
+    share of occurrences that went each way) over- or under-state the tokens its branches
+    really yield."""
+
+    def __init__(self, prior: float, decay: float = 0.95, prior_weight: float = 2.0) -> None:
+        self.prior, self.decay, self.prior_weight = prior, decay, prior_weight
+        self._expected = 0.0
+        self._observed = 0.0
+
+    @property
+    def value(self) -> float:
+        w = self.prior_weight
+        return (self._observed + w * self.prior) / (self._expected + w)
+
+    def observe(self, expected: float, observed: float) -> None:
+        self._expected = self.decay * self._expected + expected
+        self._observed = self.decay * self._observed + observed
+
+
+class ConfidenceCalibration:
+    """P(a draft token is accepted | the draft's probability for it), per confidence bin, from
+    decayed counts; each bin's prior is the confidence itself (a calibrated draft)."""
+
+    EDGES = (0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.96, 0.985, 0.995)
+
+    def __init__(self, decay: float = 0.99, prior_weight: float = 2.0) -> None:
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.accepted = [0.0] * (len(self.EDGES) + 1)
+        self.seen = [0.0] * (len(self.EDGES) + 1)
+
+    def _bin(self, confidence: float) -> int:
+        for b, edge in enumerate(self.EDGES):
+            if confidence < edge:
+                return b
+        return len(self.EDGES)
+
+    def p_accept(self, confidence: float) -> float:
+        confidence = min(max(confidence, 0.0), 1.0)
+        b = self._bin(confidence)
+        w = self.prior_weight
+        return (self.accepted[b] + w * confidence) / (self.seen[b] + w)
+
+    def observe(self, confidences: Sequence[float], n_accepted: int) -> None:
+        """Tokens < n_accepted were accepted, token n_accepted rejected, later ones unseen."""
+        d = self.decay
+        for i, confidence in enumerate(confidences[: n_accepted + 1]):
+            b = self._bin(min(max(confidence, 0.0), 1.0))
+            self.accepted = [a * d for a in self.accepted]
+            self.seen = [s * d for s in self.seen]
+            self.seen[b] += 1.0
+            if i < n_accepted:
+                self.accepted[b] += 1.0
+
+
+class _LogRatio:
+    """A robust running estimate of measured / predicted: an EMA in log space whose inputs are
+    clipped to within `clip` (a factor of 2) of the current estimate, bounded to 1/8 .. 8."""
+
+    def __init__(self, weight: float = 0.1, clip: float = math.log(2.0)) -> None:
+        self.weight = weight
+        self.clip = clip
+        self.value = 0.0
+        self.n = 0
+
+    def observe(self, measured: float, predicted: float, start: float = 0.0) -> None:
+        """start: the log-ratio believed before the first sample (the first one moves it by
+        at most `clip`)."""
+        if not (measured > 0 and predicted > 0 and math.isfinite(measured)):
+            return
+        if self.n == 0:
+            self.value = start
+        x = math.log(measured / predicted)
+        x = min(max(x, self.value - self.clip), self.value + self.clip)
+        w = max(self.weight, 1.0 / (self.n + 1))
+        self.value = min(max(self.value + w * (x - self.value), -_LOG8), _LOG8)
+        self.n += 1
+
+
+_LOG8 = math.log(8.0)
+
+# Per measured step, how far every other batch size's own ratio moves toward the pooled one.
+# The policy measures a size only by choosing it, so without this one step slowed by another
+# process (the first sample of a size sets its ratio) could write that size off for good.
+_FADE = 0.02
+
+
+class OnlineCosts:
+    """The profile's CostCurve, corrected online from measured step times so that a stale or
+    foreign profile heals: one robust ratio per verify batch size (a size not yet measured
+    borrows the nearest smaller measured size's), one for the model draft, and the per-step overhead
+    that every option pays (the engine's lookup and planning, timed as draft time of plain
+    steps). A size's own ratio fades toward the pooled one while other sizes are measured, so a
+    size misjudged once (a step slowed by another process) is chosen and measured again."""
+
+    def __init__(self, profile: CostCurve, n_sizes: int) -> None:
+        self.profile = profile
+        self._verify = [_LogRatio() for _ in range(n_sizes + 1)]
+        self._verify_all = _LogRatio()
+        self._draft = _LogRatio()
+        self.overhead_s = 0.0
+        self._n_overhead = 0
+        self._t: list[float] | None = None
+
+    def _log_ratio(self, n: int) -> float:
+        # A size never measured takes the ratio of the nearest smaller size that was (the
+        # profile's shape may be off, not just its scale: a policy that never tries large
+        # batches would otherwise never learn that they are cheaper than the profile says).
+        for m in range(min(n, len(self._verify) - 1), 0, -1):
+            if self._verify[m].n:
+                return self._verify[m].value
+        return self._verify_all.value
+
+    def t(self, n: int) -> float:
+        # Read for every k of every option on every step: the whole curve is computed once
+        # after each measurement.
+        if self._t is None:
+            self._t = self._curve()
+        if n < len(self._t):
+            return self._t[n]
+        return self.profile.t(n) * math.exp(self._log_ratio(n))
+
+    def _curve(self) -> list[float]:
+        """[0, t(1), t(2), ...] for the sizes with a ratio of their own or borrowed."""
+        out = [0.0]
+        ratio = self._verify_all.value
+        seen = False
+        for n in range(1, len(self._verify)):
+            if self._verify[n].n:
+                ratio, seen = self._verify[n].value, True
+            out.append(self.profile.t(n) * math.exp(ratio if seen else self._verify_all.value))
+        return out
+
+    def draft_s(self, k: int, n_fresh: int) -> float:
+        return self.profile.draft_s(k, n_fresh) * math.exp(self._draft.value)
+
+    @property
+    def ngram_s(self) -> float:
+        return self.profile.ngram_s
+
+    def observe(self, outcome: StepOutcome, n_fresh: int) -> None:
+        self._t = None
+        n = outcome.n_drafted + 1
+        predicted = self.profile.t(n)
+        if n < len(self._verify):
+            self._verify[n].observe(outcome.verify_s, predicted, self._log_ratio(n))
+        self._verify_all.observe(outcome.verify_s, predicted)
+        pooled = self._verify_all.value
+        for m, ratio in enumerate(self._verify):
+            if m != n and ratio.n:
+                ratio.value += _FADE * (pooled - ratio.value)
+        if outcome.source == "none":
+            # Bounded: at most a tenth of a plain step, so one slow call cannot poison plans.
+            sample = min(max(outcome.draft_s, 0.0), 0.1 * self.t(1))
+            self._n_overhead += 1
+            w = max(0.1, 1.0 / self._n_overhead)
+            self.overhead_s += w * (sample - self.overhead_s)
+        elif outcome.source == "model" and outcome.n_drafted > 0:
+            measured = outcome.draft_s - self.overhead_s
+            n_chain = outcome.n_drafted - outcome.n_branch_nodes  # what the draft decoded
+            self._draft.observe(measured, self.profile.draft_s(n_chain, n_fresh))

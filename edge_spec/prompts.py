@@ -1,0 +1,115 @@
+"""The benchmark prompt sets (package data `prompts.json`): six Spec-Bench-like categories.
+
+Every prompt comes in two forms: `completion`, plain text that a base model continues (few-shot
+where a bare instruction would fail), and `messages`, a chat for instruct models whose last turn
+is the user's. Categories are "input_reusing" (the answer repeats much of the prompt, where n-gram
+drafts shine) or "generative".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+CATEGORY_KINDS = ("input_reusing", "generative")
+MESSAGE_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt. `reference` is a hand-written answer (for checks, never fed in)."""
+
+    id: str
+    category: str
+    kind: str  # "input_reusing" or "generative", from the category
+    completion: str
+    messages: tuple[dict[str, str], ...] = field(hash=False)
+    quick: bool = False
+    reference: str = ""
+
+
+def load_prompts(quick: bool = False, categories: Sequence[str] | None = None) -> list[Prompt]:
+    """The prompts in file order; `quick` keeps the CI subset (2 per category), `categories`
+    keeps those categories. Raises ValueError on an unknown category name or a malformed file."""
+    prompts, known = _load()
+    if categories is not None:
+        unknown = sorted(set(categories) - set(known))
+        if unknown:
+            raise ValueError(f"unknown prompt categories {unknown}; known: {sorted(known)}")
+    return [
+        p
+        for p in prompts
+        if (not quick or p.quick) and (categories is None or p.category in categories)
+    ]
+
+
+def categories() -> dict[str, str]:
+    """Category name -> kind ("input_reusing" or "generative"), in file order."""
+    return {name: kind for name, (kind, _) in _load()[1].items()}
+
+
+def category_descriptions() -> dict[str, str]:
+    """Category name -> one-line description."""
+    return {name: desc for name, (_, desc) in _load()[1].items()}
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:
+    text = resources.files("edge_spec").joinpath("prompts.json").read_text(encoding="utf-8")
+    return parse_prompts(json.loads(text))
+
+
+def parse_prompts(raw: Any) -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:
+    """Validate a decoded prompts.json. Returns (prompts, {category: (kind, description)}).
+    Raises ValueError on a bad version, unknown category or kind, duplicate id, empty text, or
+    messages that are not role/content pairs ending with the user."""
+    if not isinstance(raw, dict) or raw.get("version") != 1:
+        raise ValueError("prompts.json: expected an object with version 1")
+    known: dict[str, tuple[str, str]] = {}
+    for name, info in _require(raw, "categories", dict, "file").items():
+        kind = _require(info, "kind", str, f"category {name!r}")
+        if kind not in CATEGORY_KINDS:
+            raise ValueError(f"prompts.json: category {name!r} has unknown kind {kind!r}")
+        known[name] = (kind, str(info.get("description", "")))
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    for item in _require(raw, "prompts", list, "file"):
+        pid = _require(item, "id", str, "prompt")
+        where = f"prompt {pid!r}"
+        if not pid.strip() or pid in seen:
+            raise ValueError(f"prompts.json: empty or duplicate id {pid!r}")
+        seen.add(pid)
+        category = _require(item, "category", str, where)
+        if category not in known:
+            raise ValueError(f"prompts.json: {where} has unknown category {category!r}")
+        completion = _require(item, "completion", str, where)
+        if not completion.strip():
+            raise ValueError(f"prompts.json: {where} has an empty completion")
+        messages = tuple(_message(m, where) for m in _require(item, "messages", list, where))
+        if not messages or messages[-1]["role"] != "user":
+            raise ValueError(f"prompts.json: {where} messages must end with a user turn")
+        quick = item.get("quick", False)
+        reference = item.get("reference", "")
+        if not isinstance(quick, bool) or not isinstance(reference, str):
+            raise ValueError(f"prompts.json: {where} has a non-bool quick or non-str reference")
+        kind = known[category][0]
+        prompts.append(Prompt(pid, category, kind, completion, messages, quick, reference))
+    return tuple(prompts), known
+
+
+def _message(raw: Any, where: str) -> dict[str, str]:
+    role = _require(raw, "role", str, where)
+    content = _require(raw, "content", str, where)
+    if role not in MESSAGE_ROLES or not content.strip():
+        raise ValueError(f"prompts.json: {where} has a bad message (role {role!r} or empty text)")
+    return {"role": role, "content": content}
+
+
+def _require(raw: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(raw, dict) or not isinstance(raw.get(key), kind):
+        raise ValueError(f"prompts.json: {where} needs {key!r} of type {kind.__name__}")
+    return raw[key]
