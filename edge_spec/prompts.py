@@ -1,4 +1,6 @@
-"""The benchmark prompt sets (package data `prompts.json`): six Spec-Bench-like categories.
+"""The benchmark prompt sets (package data, `prompt_sets/<name>.json`): "bench", six
+Spec-Bench-like categories of eight prompts; "copy" and "copy-2", answers that re-emit text the
+prompt holds (the second set written after the first had been measured, neither tuned on).
 
 Every prompt comes in two forms: `completion`, plain text that a base model continues (few-shot
 where a bare instruction would fail), and `messages`, a chat for instruct models whose last turn
@@ -32,10 +34,18 @@ class Prompt:
     reference: str = ""
 
 
-def load_prompts(quick: bool = False, categories: Sequence[str] | None = None) -> list[Prompt]:
-    """The prompts in file order; `quick` keeps the CI subset (2 per category), `categories`
-    keeps those categories. Raises ValueError on an unknown category name or a malformed file."""
-    prompts, known = _load()
+PROMPT_SETS = ("bench", "copy", "copy-2")
+
+
+def load_prompts(
+    quick: bool = False, categories: Sequence[str] | None = None, prompt_set: str = "bench"
+) -> list[Prompt]:
+    """The prompts of a set in file order; `quick` keeps the CI subset (2 per category in the
+    bench set), `categories` keeps those categories. Raises ValueError on an unknown set or
+    category name or a malformed file."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
+    prompts, known = _load(prompt_set)
     if categories is not None:
         unknown = sorted(set(categories) - set(known))
         if unknown:
@@ -47,33 +57,34 @@ def load_prompts(quick: bool = False, categories: Sequence[str] | None = None) -
     ]
 
 
-def categories() -> dict[str, str]:
+def categories(prompt_set: str = "bench") -> dict[str, str]:
     """Category name -> kind ("input_reusing" or "generative"), in file order."""
-    return {name: kind for name, (kind, _) in _load()[1].items()}
+    return {name: kind for name, (kind, _) in _load(prompt_set)[1].items()}
 
 
-def category_descriptions() -> dict[str, str]:
+def category_descriptions(prompt_set: str = "bench") -> dict[str, str]:
     """Category name -> one-line description."""
-    return {name: desc for name, (_, desc) in _load()[1].items()}
+    return {name: desc for name, (_, desc) in _load(prompt_set)[1].items()}
 
 
-@lru_cache(maxsize=1)
-def _load() -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:
-    text = resources.files("edge_spec").joinpath("prompts.json").read_text(encoding="utf-8")
+@lru_cache(maxsize=len(PROMPT_SETS))
+def _load(prompt_set: str) -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:
+    name = f"{prompt_set}.json"
+    text = resources.files("edge_spec").joinpath("prompt_sets", name).read_text(encoding="utf-8")
     return parse_prompts(json.loads(text))
 
 
 def parse_prompts(raw: Any) -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:
-    """Validate a decoded prompts.json. Returns (prompts, {category: (kind, description)}).
+    """Validate a decoded prompt set file. Returns (prompts, {category: (kind, description)}).
     Raises ValueError on a bad version, unknown category or kind, duplicate id, empty text, or
     messages that are not role/content pairs ending with the user."""
     if not isinstance(raw, dict) or raw.get("version") != 1:
-        raise ValueError("prompts.json: expected an object with version 1")
+        raise ValueError("prompt set: expected an object with version 1")
     known: dict[str, tuple[str, str]] = {}
     for name, info in _require(raw, "categories", dict, "file").items():
         kind = _require(info, "kind", str, f"category {name!r}")
         if kind not in CATEGORY_KINDS:
-            raise ValueError(f"prompts.json: category {name!r} has unknown kind {kind!r}")
+            raise ValueError(f"prompt set: category {name!r} has unknown kind {kind!r}")
         known[name] = (kind, str(info.get("description", "")))
     prompts: list[Prompt] = []
     seen: set[str] = set()
@@ -81,21 +92,21 @@ def parse_prompts(raw: Any) -> tuple[tuple[Prompt, ...], dict[str, tuple[str, st
         pid = _require(item, "id", str, "prompt")
         where = f"prompt {pid!r}"
         if not pid.strip() or pid in seen:
-            raise ValueError(f"prompts.json: empty or duplicate id {pid!r}")
+            raise ValueError(f"prompt set: empty or duplicate id {pid!r}")
         seen.add(pid)
         category = _require(item, "category", str, where)
         if category not in known:
-            raise ValueError(f"prompts.json: {where} has unknown category {category!r}")
+            raise ValueError(f"prompt set: {where} has unknown category {category!r}")
         completion = _require(item, "completion", str, where)
         if not completion.strip():
-            raise ValueError(f"prompts.json: {where} has an empty completion")
+            raise ValueError(f"prompt set: {where} has an empty completion")
         messages = tuple(_message(m, where) for m in _require(item, "messages", list, where))
         if not messages or messages[-1]["role"] != "user":
-            raise ValueError(f"prompts.json: {where} messages must end with a user turn")
+            raise ValueError(f"prompt set: {where} messages must end with a user turn")
         quick = item.get("quick", False)
         reference = item.get("reference", "")
         if not isinstance(quick, bool) or not isinstance(reference, str):
-            raise ValueError(f"prompts.json: {where} has a non-bool quick or non-str reference")
+            raise ValueError(f"prompt set: {where} has a non-bool quick or non-str reference")
         kind = known[category][0]
         prompts.append(Prompt(pid, category, kind, completion, messages, quick, reference))
     return tuple(prompts), known
@@ -105,11 +116,11 @@ def _message(raw: Any, where: str) -> dict[str, str]:
     role = _require(raw, "role", str, where)
     content = _require(raw, "content", str, where)
     if role not in MESSAGE_ROLES or not content.strip():
-        raise ValueError(f"prompts.json: {where} has a bad message (role {role!r} or empty text)")
+        raise ValueError(f"prompt set: {where} has a bad message (role {role!r} or empty text)")
     return {"role": role, "content": content}
 
 
 def _require(raw: Any, key: str, kind: type, where: str) -> Any:
     if not isinstance(raw, dict) or not isinstance(raw.get(key), kind):
-        raise ValueError(f"prompts.json: {where} needs {key!r} of type {kind.__name__}")
+        raise ValueError(f"prompt set: {where} needs {key!r} of type {kind.__name__}")
     return raw[key]

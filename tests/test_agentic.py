@@ -96,7 +96,8 @@ def test_llama_cpp_pythons_prompt_lookup_takes_requests_longer_than_a_batch(targ
 
 @pytest.mark.models
 def test_llama_cpp_pythons_prompt_lookup_keeps_a_conversations_prefix(target_path) -> None:
-    """As its own server answers a conversation (scripts/measure_server_agentic.py): the next
+    """As its own server answers a conversation (scripts/measure_server_agentic.py, in git
+    history): the next
     request reuses the longest prefix the Llama still holds and evaluates only the rest, and
     answers as it does from scratch."""
     from edge_spec.backend import PromptLookupPeer

@@ -121,16 +121,22 @@ def test_bench_command_writes_results(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "results.json").read_text())
-    strategies = {"target", "auto", "ngram-k4", "model-k2", "lcpp-lookup"}
+    strategies = {"target", "none", "auto", "ngram-k4", "model-k2", "lcpp-lookup"}
     assert {r["strategy"] for r in record["runs"]} == strategies
-    assert len(record["runs"]) == 12 * 5  # 12 quick prompts x (target + 3 strategies + 1 peer)
+    # 12 quick prompts x (the target alone twice + 3 strategies + 1 peer)
+    assert len(record["runs"]) == 12 * 6
     assert record["versions"]["llama_cpp_python"] and record["peak_rss_bytes"] > 0
     assert "CPU" in record["versions"]["llama_cpp_build"]
     summaries = {(s["category"], s["strategy"]): s for s in record["summaries"]}
     assert summaries[("code_editing", "target")]["speedup"] == pytest.approx(1.0)
     assert summaries[("all", "model-k2")]["acceptance_rate"] > 0
-    assert "| code_editing | 0 | auto |" in (out / "results.md").read_text()
-    # The written runs read back as the same Runs (scripts/resummarize_bench.py relies on it).
+    markdown = (out / "results.md").read_text()
+    assert "| code_editing | 0 | auto |" in markdown
+    # Each entry's per-prompt ratios, judged against the target alone against itself.
+    floor = next(r for r in record["prompt_ratios"] if r["strategy"] == "none")
+    assert len(floor["ratios"]) == 12 and floor["floor_low"] == min(floor["ratios"].values())
+    assert "| 0 | auto | 12 |" in markdown and "noise floor" in markdown
+    # The written runs read back as the same Runs.
     reread = [Run.from_dict(raw) for raw in record["runs"]]
     assert json.loads(json.dumps([r.to_dict() for r in reread])) == record["runs"]
     assert json.loads(json.dumps([s.to_dict() for s in summarize(reread)])) == record["summaries"]
@@ -143,14 +149,28 @@ def test_bench_command_writes_results(tmp_path) -> None:
     assert same >= len(peer) - 2, same
 
 
-def test_readme_result_tables_match_the_committed_results() -> None:
+@pytest.mark.models
+@pytest.mark.parametrize("where", ["--fresh-processes", "--via-server"])
+def test_the_bench_from_outside_the_process(tmp_path, where: str) -> None:
+    """Every run as its own `edge-spec generate` process, or every request through an
+    `edge-spec serve` per entry with the openai client: the same report, with wall times."""
+    import json
     import subprocess
     import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "update_readme_results.py"
-    proc = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "edge_spec.cli", "bench", "--quick", "--chat"]
+    command += ["--prompt-set", "copy", "--categories", "copy", "--strategies", "ngram"]
+    command += ["--max-tokens", "12", "--out", str(out), "--no-progress", "--no-plots", where]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((out / "results.json").read_text())
+    runs = record["runs"]
+    assert len(runs) == 3 * 3  # 3 quick copy prompts x (target, none, ngram)
+    assert {r["strategy"] for r in runs} == {"target", "none", "ngram"}
+    assert all(r["wall_s"] > 0 and r["n_generated"] > 0 for r in runs)
+    assert any(r["n_drafted"] > 0 for r in runs if r["strategy"] == "ngram")
+    assert "Wall time of the whole process or request" in (out / "results.md").read_text()
 
 
 def test_plots_are_written(tmp_path) -> None:

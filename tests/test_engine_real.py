@@ -410,8 +410,8 @@ def test_stats_are_consistent(spec: EdgeSpec) -> None:
 
 def test_flash_attention_is_off_when_every_layer_is_on_the_cpu() -> None:
     """llama.cpp's CPU flash attention makes a verify batch of n tokens read the KV cache n
-    times (scripts/measure_flash_attn.py): off without offload (but on the batch-invariant
-    build), llama.cpp's auto with it, and an explicit choice wins."""
+    times (scripts/measure_flash_attn.py, in git history): off without offload (but on the
+    batch-invariant build), llama.cpp's auto with it, and an explicit choice wins."""
     import llama_cpp
 
     from edge_spec.backend import llama_build

@@ -25,7 +25,11 @@ MAX_CHARS = 1400
 
 
 def _raw() -> dict:
-    text = resources.files("edge_spec").joinpath("prompts.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("edge_spec")
+        .joinpath("prompt_sets", "bench.json")
+        .read_text(encoding="utf-8")
+    )
     return json.loads(text)
 
 
@@ -167,3 +171,15 @@ def test_malformed_files_raise_value_error(mutate, message: str) -> None:
     mutate(raw)
     with pytest.raises(ValueError, match=message):
         parse_prompts(raw)
+
+
+def test_the_copy_sets_load_in_both_forms() -> None:
+    """The copy prompts (`edge-spec bench --prompt-set copy|copy-2`): answers that re-emit what
+    the prompt holds, a chat message and a document for a base model each."""
+    for name in ("copy", "copy-2"):
+        prompts = load_prompts(prompt_set=name)
+        assert len(prompts) == 10 and {p.kind for p in prompts} == {"input_reusing"}
+        assert all(p.messages[-1]["role"] == "user" and p.completion for p in prompts)
+        assert len(load_prompts(quick=True, prompt_set=name)) == 3
+    with pytest.raises(ValueError, match="unknown prompt set"):
+        load_prompts(prompt_set="nope")

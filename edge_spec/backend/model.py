@@ -528,12 +528,12 @@ def _flash_attn_type(flash_attn: bool | None, n_gpu_layers: int) -> int:
     """llama.cpp's flash attention on its CPU backend computes a batch's query rows one at a
     time, so a verify batch of n tokens reads the whole KV cache n times; its default (auto)
     turns it on there all the same. Measured at a 3,000-token context (SmolLM2-135M F16, 2
-    threads, scripts/measure_flash_attn.py): t(17) / t(1) 6.3 with it, 3.9 without, and t(1)
-    5 % slower with it. So None means off when no layer is offloaded (nor on RPC servers),
-    llama.cpp's auto where layers run on a GPU (whose kernels batch the rows), and also on a
-    build without tinyBLAS (`bootstrap.py --batch-invariant`): that build is chosen for output
-    bit-identical whatever was drafted, which was measured with flash attention on (and a
-    token tree's rows are bit-identical to its chains' only with it)."""
+    threads; scripts/measure_flash_attn.py, in git history): t(17) / t(1) 6.3 with it, 3.9
+    without, and t(1) 5 % slower with it. So None means off when no layer is offloaded (nor on
+    RPC servers), llama.cpp's auto where layers run on a GPU (whose kernels batch the rows),
+    and also on a build without tinyBLAS (`bootstrap.py --batch-invariant`): that build is
+    chosen for output bit-identical whatever was drafted, which was measured with flash
+    attention on (and a token tree's rows are bit-identical to its chains' only with it)."""
     if flash_attn is not None:
         return (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED

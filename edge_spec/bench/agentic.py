@@ -24,7 +24,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from edge_spec.bench.runner import TARGET, Run, Strategy
+from edge_spec.bench.runner import TARGET, Run, Strategy, plan_entries
 from edge_spec.prompts import Prompt
 
 if TYPE_CHECKING:
@@ -137,8 +137,7 @@ def run_agentic(
     "agentic" as kind, so the bench's report aggregates them like prompts."""
     from edge_spec.sampling.transform import SamplingParams
 
-    plan: list[Strategy | Peer] = [TARGET, *[s for s in strategies if s.name != TARGET.name]]
-    plan += list(peers)
+    plan = plan_entries(strategies, peers)
     runs: list[Run] = []
     spec.generate("Hello", max_tokens=8, draft_mode="none")  # page the weights in
     n_turns = 0

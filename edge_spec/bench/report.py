@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_spec.bench.runner import TARGET, Run
+from edge_spec.bench.runner import NULL, TARGET, Run
 
 ALL = "all"
 # Aggregate rows over every category of one kind ("input_reusing", "generative"), named so.
@@ -179,3 +179,79 @@ def _overhead(s: Summary) -> str:
     if s.overhead_fraction <= 0:
         return "-"
     return f"{s.overhead_per_step_ms:.2f} ms ({100 * s.overhead_fraction:.1f} %)"
+
+
+@dataclass(frozen=True)
+class PromptRatios:
+    """One entry's per-prompt speed over the target alone at one temperature, judged against
+    the run's own noise floor: the target alone again ("none"), interleaved like every entry,
+    whose per-prompt ratios are what an entry exactly as fast as the target measures here."""
+
+    temperature: float
+    strategy: str
+    ratios: dict[str, float]  # prompt id -> decode tokens/s over the target alone's
+    geometric_mean: float
+    floor_low: float  # the noise floor's lowest per-prompt ratio (nan without "none")
+    below_floor: tuple[str, ...]  # prompts slower than anything the floor showed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prompt_ratios(runs: Sequence[Run], *, sessions: bool = False) -> list[PromptRatios]:
+    """Per (temperature, entry), each prompt's decode rate over the target alone's (tokens
+    over seconds summed over its repeats); sessions=True pools an agentic run's turns by
+    session (ids "session/turn")."""
+    out = []
+    for temperature in sorted({r.temperature for r in runs}):
+        at_t = [r for r in runs if r.temperature == temperature]
+        names = sorted({r.strategy for r in at_t} - {TARGET.name})
+        floor = _pooled(at_t, NULL.name, sessions)
+        floor_low = min(floor.values()) if floor else float("nan")
+        for name in names:
+            ratios = _pooled(at_t, name, sessions)
+            if not ratios:
+                continue
+            gmean = float(np.exp(np.mean(np.log(list(ratios.values())))))
+            below = tuple(p for p, r in sorted(ratios.items(), key=lambda i: i[1]) if r < floor_low)
+            out.append(PromptRatios(temperature, name, ratios, gmean, floor_low, below))
+    return out
+
+
+def _pooled(runs: Sequence[Run], strategy: str, sessions: bool) -> dict[str, float]:
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for run in runs:
+        if run.strategy not in (strategy, TARGET.name):
+            continue
+        prompt_id = run.prompt_id.split("/")[0] if sessions else run.prompt_id
+        totals[(run.strategy, prompt_id)][0] += run.n_generated
+        totals[(run.strategy, prompt_id)][1] += run.decode_s
+    ratios = {}
+    for (name, prompt), (tokens, seconds) in totals.items():
+        base = totals.get((TARGET.name, prompt))
+        if name == strategy and base and seconds > 0 and base[0] > 0:
+            ratios[prompt] = (tokens / seconds) / (base[0] / base[1])
+    return ratios
+
+
+def prompt_table(rows: Sequence[PromptRatios], worst: int = 3) -> str:
+    """Per entry: the geometric mean of its per-prompt ratios, its slowest prompts, and which
+    prompts fall below the noise floor (the target alone against itself, per prompt)."""
+    lines = [
+        "| T | entry | prompts | geometric mean | slowest | below the noise floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        slowest = sorted(row.ratios.items(), key=lambda item: item[1])[:worst]
+        floor = (
+            f"{len(row.below_floor)} (floor {row.floor_low:.3f}×)"
+            if not np.isnan(row.floor_low)
+            else "- (no floor measured)"
+        )
+        lines.append(
+            f"| {row.temperature:g} | {row.strategy} | {len(row.ratios)} | "
+            f"{row.geometric_mean:.3f}× | "
+            + ", ".join(f"{p} {r:.3f}×" for p, r in slowest)
+            + f" | {floor} |"
+        )
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 
 from edge_spec.api import EdgeSpec, GenerationConfig, GenerationResult
 from edge_spec.bench.peers import Peer, PeerResult
+from edge_spec.decode.stats import GenerationStats
 from edge_spec.policy.types import DEFAULT_K_MAX
 from edge_spec.prompts import Prompt
 from edge_spec.sampling.transform import SamplingParams
@@ -118,6 +119,9 @@ class Run:
     overhead_s: float = 0.0
     n_tree_steps: int = 0  # steps that verified a token tree
     n_branch_accepted: int = 0  # tokens accepted along a tree's branch
+    # Measured outside the engine (bench/outside.py): the whole process or request, from the
+    # caller's side. 0 in-process.
+    wall_s: float = 0.0
 
     @classmethod
     def of(
@@ -128,13 +132,34 @@ class Run:
         repeat: int,
         result: GenerationResult,
     ) -> Run:
-        s = result.stats
+        return cls.of_stats(
+            prompt,
+            strategy.name,
+            temperature,
+            repeat,
+            result.stats,
+            result.finish_reason,
+            result.token_ids,
+        )
+
+    @classmethod
+    def of_stats(
+        cls,
+        prompt: Prompt,
+        name: str,
+        temperature: float,
+        repeat: int,
+        s: GenerationStats,
+        finish_reason: str,
+        token_ids: tuple[int, ...],
+        wall_s: float = 0.0,
+    ) -> Run:
         decode_s = s.total_s - s.prefill_s
         return cls(
             prompt.id,
             prompt.category,
             prompt.kind,
-            strategy.name,
+            name,
             temperature,
             repeat,
             s.n_prompt_tokens,
@@ -152,12 +177,13 @@ class Run:
             s.draft_s,
             s.verify_s,
             s.other_s,
-            result.finish_reason,
-            result.token_ids,
+            finish_reason,
+            token_ids,
             s.decode_s,
             s.overhead_s,
             s.n_tree_steps,
             s.n_branch_accepted,
+            wall_s,
         )
 
     @classmethod
@@ -207,6 +233,13 @@ class Run:
         return cls(**kept)
 
 
+def plan_entries(strategies: Sequence[Strategy], peers: Sequence[Peer]) -> list[Strategy | Peer]:
+    """What a bench runs, in its first order: the target alone, the target alone again (the
+    noise floor), each strategy once, then the peers."""
+    own = (TARGET.name, NULL.name)
+    return [TARGET, NULL, *[s for s in strategies if s.name not in own], *peers]
+
+
 def run_bench(
     spec: EdgeSpec,
     prompts: Sequence[Prompt],
@@ -223,8 +256,7 @@ def run_bench(
     """Runs every (prompt, strategy or peer, temperature) `repeats` times. Within a prompt the
     order rotates, so no strategy always runs first (cold caches) or last. With peers, nobody
     gets stop strings (the peers have none): every run generates up to max_tokens or EOS."""
-    plan: list[Strategy | Peer] = [TARGET, *[s for s in strategies if s.name != TARGET.name]]
-    plan += list(peers)
+    plan = plan_entries(strategies, peers)
     runs: list[Run] = []
     # Peers have no stop strings: then nobody gets them (up to max_tokens or EOS for all).
     stop = () if chat or peers else COMPLETION_STOPS

@@ -5,17 +5,22 @@ interleaved run, written as JSON, Markdown and plots.
     edge-spec bench --quick                                   # 12 prompts, the default strategies
     edge-spec bench --chat --strategies auto ngram lcpp-lookup --temperatures 0 0.8
     edge-spec bench --agentic --strategies auto ngram --out bench/results/mine
+    edge-spec bench --prompt-set copy --fresh-processes --strategies auto ngram
+    edge-spec bench --chat --via-server --strategies auto       # through edge-spec serve
+
+Every run also runs the target alone twice ("target", "none"): every speedup is against the
+first, prompt by prompt, and the second is the run's noise floor, what an entry exactly as
+fast as the target alone measures. results.md judges each entry's per-prompt ratios against it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 from pathlib import Path
 
 from edge_spec.cli.args import add_rpc_argument, add_subcommand, rpc_servers
+from edge_spec.prompts import PROMPT_SETS
 
 NAME = "bench"
 DEFAULT_STRATEGIES = ("auto", "ngram", "model", "model-k2", "ngram-k4", "model-heuristic")
@@ -25,6 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench = add_subcommand(sub, NAME, "speculation against the target alone, side by side", __doc__)
     bench.add_argument("--target", "-m", help="target model: manifest name or GGUF path")
     bench.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
+    bench.add_argument(
+        "--prompt-set",
+        choices=PROMPT_SETS,
+        default="bench",
+        help="bench: 48 prompts in six categories (default); copy, copy-2: answers that "
+        "re-emit what the prompt holds",
+    )
     bench.add_argument("--quick", action="store_true", help="2 prompts per category (CI)")
     add_rpc_argument(bench)
     bench.add_argument("--categories", nargs="+", default=None)
@@ -61,6 +73,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="folder with llama-lookup and llama-speculative-simple (default: the build of "
         "scripts/build_llama_examples.py)",
     )
+    where = bench.add_mutually_exclusive_group()
+    where.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="every run as its own `edge-spec generate` process, as a one-shot user runs it "
+        "(decode rate and the process's wall time)",
+    )
+    where.add_argument(
+        "--via-server",
+        action="store_true",
+        help="every entry behind an `edge-spec serve` of its own, each request timed at the "
+        "openai client (end to end: prefill and HTTP included)",
+    )
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
@@ -68,24 +93,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edge_spec import __version__
-    from edge_spec.api import EdgeSpec, EngineConfig
-    from edge_spec.backend import llama_build, llama_cpp_version
-    from edge_spec.bench.agentic import SCENARIOS, load_sessions, n_requests, run_agentic
-    from edge_spec.bench.peers import PeerSetup, is_peer, make_peers
-    from edge_spec.bench.report import markdown_table, summarize
-    from edge_spec.bench.runner import parse_strategy, peak_rss_bytes, run_bench, timestamp
+    from edge_spec.bench.agentic import SCENARIOS, load_sessions, n_requests
+    from edge_spec.bench.peers import is_peer
+    from edge_spec.bench.results import write_results
+    from edge_spec.bench.runner import parse_strategy, plan_entries
     from edge_spec.errors import InvalidRequestError
-    from edge_spec.models.manifest import choose_pair
+    from edge_spec.models import choose_pair
     from edge_spec.prompts import load_prompts
 
     if args.max_tokens is None:
         args.max_tokens = 384 if args.agentic else 64
     if args.ctx_size is None:
         args.ctx_size = 4096 if args.agentic else 2048
+    outside = args.fresh_processes or args.via_server
     try:
         strategies = [parse_strategy(s) for s in args.strategies if not is_peer(s)]
         peer_names = [s for s in args.strategies if is_peer(s)]
+        if args.fresh_processes and args.via_server:
+            raise ValueError("--fresh-processes and --via-server: choose one")
+        if outside and (peer_names or args.rpc):
+            raise ValueError(
+                "the peers and --rpc run in this process only: "
+                "not with --fresh-processes or --via-server"
+            )
+        if args.fresh_processes and args.agentic:
+            raise ValueError("--agentic runs in this process or --via-server")
+        sessions = []
+        prompts = []
         if args.agentic:
             unknown = sorted(set(args.categories or ()) - set(SCENARIOS))
             if unknown:
@@ -100,9 +134,10 @@ def run(args: argparse.Namespace) -> int:
                 for s in load_sessions()
                 if args.categories is None or s.scenario in args.categories
             ]
-            prompts = []
         else:
-            prompts = load_prompts(quick=args.quick, categories=args.categories)
+            prompts = load_prompts(
+                quick=args.quick, categories=args.categories, prompt_set=args.prompt_set
+            )
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from exc
     if args.max_tokens < 1 or args.repeats < 1:
@@ -110,15 +145,78 @@ def run(args: argparse.Namespace) -> int:
     # --chat or --agentic without a target: the chat pair (the default pair's has no template).
     chat = args.chat or args.agentic
     target, draft = choose_pair(args.target, args.draft, chat=chat)
+    n_entries = len(plan_entries(strategies, [])) + len(peer_names)
+    n_requests_total = n_requests(sessions) if args.agentic else len(prompts)
+    n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries
+    bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
+    common = dict(
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        seed=args.seed,
+        on_run=lambda run: bar.update(1),
+    )
+    costs = None
+    if outside:
+        from edge_spec.bench.outside import Setup, run_fresh_processes, run_via_server
+        from edge_spec.models import resolve
+
+        setup = Setup(
+            str(resolve(target)),
+            str(resolve(draft)) if draft else None,
+            args.ctx_size,
+            args.threads,
+        )
+        if args.fresh_processes:
+            runs = run_fresh_processes(
+                setup, prompts, strategies, chat=chat, temperatures=args.temperatures, **common
+            )
+        else:
+            runs = run_via_server(
+                setup,
+                prompts,
+                strategies,
+                chat=chat,
+                temperatures=args.temperatures,
+                sessions=sessions,
+                **common,
+            )
+        target_path, draft_path = setup.target, setup.draft
+    else:
+        runs, costs, target_path, draft_path = _in_process(
+            args, target, draft, strategies, peer_names, prompts, sessions, common
+        )
+    bar.close()
+    text, files = write_results(
+        Path(args.out),
+        runs,
+        command="edge-spec " + " ".join(sys.argv[1:]),
+        target=target_path,
+        draft=draft_path,
+        settings={k: v for k, v in vars(args).items() if k != "func"},
+        temperatures=args.temperatures,
+        costs=costs,
+        sessions=args.agentic,
+        plots=not args.no_plots,
+    )
+    print(text)
+    for path in files:
+        print(f"wrote {path}")
+    return 0
+
+
+def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, common):
+    """The bench in this process: one EdgeSpec, every entry on it (the peers beside it)."""
+    from edge_spec.api import EdgeSpec, EngineConfig
+    from edge_spec.bench.agentic import run_agentic
+    from edge_spec.bench.peers import PeerSetup, make_peers
+    from edge_spec.bench.runner import run_bench
+
     config = EngineConfig(
         n_ctx=args.ctx_size,
         n_threads=args.threads,
         use_head=args.draft is None,
         rpc_servers=rpc_servers(args),
     )
-    n_entries = len(strategies) + len(peer_names) + 1
-    n_requests_total = n_requests(sessions) if args.agentic else len(prompts)
-    n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries
     with EdgeSpec(target, draft, config=config) as spec:
         setup = PeerSetup(
             spec.target_path,
@@ -128,65 +226,21 @@ def run(args: argparse.Namespace) -> int:
             cpp_bin_dir=args.llama_examples,
         )
         peers = make_peers(peer_names, setup)
-        bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
-        common = dict(
-            max_tokens=args.max_tokens,
-            repeats=args.repeats,
-            seed=args.seed,
-            peers=peers,
-            on_run=lambda run: bar.update(1),
-        )
-        if args.agentic:
-            runs = run_agentic(spec, sessions, strategies, **common)
-        else:
-            runs = run_bench(
-                spec,
-                prompts,
-                strategies,
-                temperatures=args.temperatures,
-                chat=args.chat,
-                **common,
-            )
-        bar.close()
-        for peer in peers:
-            peer.close()
+        try:
+            if args.agentic:
+                runs = run_agentic(spec, sessions, strategies, peers=peers, **common)
+            else:
+                runs = run_bench(
+                    spec,
+                    prompts,
+                    strategies,
+                    temperatures=args.temperatures,
+                    chat=args.chat,
+                    peers=peers,
+                    **common,
+                )
+        finally:
+            for peer in peers:
+                peer.close()
         costs = spec.cost_curve() if any(s.policy == "cost" for s in strategies) else None
-        target_path, draft_path = str(spec.target_path), str(spec.draft_path)
-    summaries = summarize(runs)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {
-        "created": timestamp(),
-        "command": "edge-spec " + " ".join(sys.argv[1:]),
-        "versions": {
-            "edge_spec": __version__,
-            "llama_cpp_python": llama_cpp_version(),
-            "llama_cpp_build": llama_build(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
-        "target": target_path,
-        "draft": draft_path,
-        "settings": {k: v for k, v in vars(args).items() if k != "func"},
-        "cost_curve": None
-        if costs is None
-        else {
-            "verify_s": list(costs.verify_s),
-            "draft_token_s": costs.draft_token_s,
-            "ngram_s": costs.ngram_s,
-        },
-        "peak_rss_bytes": peak_rss_bytes(),
-        "summaries": [s.to_dict() for s in summaries],
-        "runs": [r.to_dict() for r in runs],
-    }
-    (out / "results.json").write_text(json.dumps(record, indent=1))
-    tables = [markdown_table(summaries, t) for t in args.temperatures]
-    (out / "results.md").write_text("\n\n".join(tables) + "\n")
-    print("\n\n".join(tables))
-    print(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
-    if not args.no_plots:
-        from edge_spec.bench.plots import write_plots
-
-        for path in write_plots(summaries, out):
-            print(f"wrote {path}")
-    return 0
+        return runs, costs, str(spec.target_path), str(spec.draft_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from edge_spec.decode.engine import Prefill, Step
 
@@ -67,6 +67,15 @@ class GenerationStats:
         out["overhead_per_step_s"] = self.overhead_per_step_s
         out["overhead_fraction"] = self.overhead_fraction
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> GenerationStats:
+        """The inverse of to_dict (the `stats` of `edge-spec generate --json`)."""
+        kept = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name, value in kept.items():
+            if isinstance(value, list):
+                kept[name] = tuple(value)
+        return cls(**kept)  # type: ignore[arg-type]
 
 
 class StatsCollector:

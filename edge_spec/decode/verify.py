@@ -4,7 +4,8 @@ The engine uses the two matching verifiers, greedy (T = 0) and keyed (T > 0): th
 token at each row is its own choice -- its argmax, or its draw with the request's keys for that
 position (keys.SampleKeys) -- and draft tokens are kept while they equal it. Output then
 depends on the target's rows and the seed alone, never on what was drafted. Rejection sampling
-stays as the reference that keyed acceptance is measured against (scripts/measure_keyed.py).
+stays as the reference that keyed acceptance is measured against (scripts/measure_keyed.py,
+in git history).
 
 Every verifier returns 1..k+1 tokens: the accepted draft prefix plus exactly one token chosen by
 the target (the correction at the first rejection, or the bonus after all k drafts). Row i of the

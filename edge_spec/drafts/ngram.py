@@ -36,13 +36,15 @@ N_RECENT = 16  # occurrences kept per n-gram
 # Longer n-grams indexed besides 1..max_ngram. A short n-gram's 16 most recent occurrences
 # often miss the place a copy comes from (in code, "    return self" recurs on every other
 # line); an 8-gram's rarely do. Replayed on the agentic bench's sessions
-# (scripts/replay_ngram.py FOLDER --strategy ngram): 2.38x -> 2.44x, retrieval 2.90x -> 3.20x;
+# (scripts/replay_ngram.py FOLDER --strategy ngram, in git history): 2.38x -> 2.44x,
+# retrieval 2.90x -> 3.20x;
 # neutral on the 48-prompt benches of both pairs.
 LONG_NGRAMS = (8, 16)
 # What an index holds in memory, estimated from above: per distinct n-gram, per token of the
 # n-grams' keys, per occurrence recorded (one per token and n-gram length) and per token kept.
 # Fitted with tracemalloc on random tokens over 50 and 49k ids (1.18-1.25x the allocation) and
-# checked on real text (scripts/measure_session_index.py; the random-token bounds are a test).
+# checked on real text (scripts/measure_session_index.py, in git history; the random-token
+# bounds are a test).
 KEY_BYTES = 220
 KEY_TOKEN_BYTES = 8
 OCCURRENCE_BYTES = 60

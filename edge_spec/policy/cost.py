@@ -39,7 +39,8 @@ NGRAM_CONSENSUS_PRIOR: dict[Consensus, float] = {"one": 1.0, "all": 1.2, "split"
 # any point of a request at most 4 % of its plain time so far is at risk, however short the
 # answer (auto keeps CostModelK's defaults, half a plain step + 4 %: a rejected first draft
 # cost 5-11-token answers 4-8 % in a default-pair bench). Replayed on the recorded T = 0 runs
-# (scripts/replay_ngram.py FOLDER --strategy ngram --fitted charge --risk-floor F --risk-rate R)
+# (scripts/replay_ngram.py FOLDER --strategy ngram --fitted charge --risk-floor F --risk-rate R;
+# the script is in git history, removed after commit 10e36c0)
 # this keeps 1.42x of 1.48x overall on the default pair and 1.27x of 1.30x on the chat pair.
 DRAFT_FREE_RISK = {"risk_floor": 0.0, "risk_rate": 0.04}
 

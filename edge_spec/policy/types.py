@@ -179,6 +179,7 @@ DEFAULT_TREE_NODES = 8  # the cost policy's cap on a token tree's branch tokens
 # The adaptive policies' cap on k (GenerationConfig.k_max, the CLI's --k-max). The profile
 # measures t(n) up to n = 16; longer batches are extrapolated from its last two points and
 # corrected online once chosen. Long copies (an agent re-emitting a file) pay up to 32:
-# replayed on the agentic sessions 2.44x -> 2.56x (scripts/replay_ngram.py FOLDER --k-max 32),
+# replayed on the agentic sessions 2.44x -> 2.56x (scripts/replay_ngram.py FOLDER --k-max 32,
+# in git history),
 # neutral on the 48-prompt benches.
 DEFAULT_K_MAX = 32

@@ -23,8 +23,8 @@ class SampleKeys:
     a draft proposed, how many tokens a step verified, or what earlier requests left in a
     session. A draft that races with the same keys picks the target's token wherever their
     distributions agree (Gumbel coupling): measured on the real pairs, this keeps 96-97 % of
-    rejection sampling's acceptance (scripts/measure_keyed.py), where an inverse CDF with one
-    shared uniform kept 88 %.
+    rejection sampling's acceptance (scripts/measure_keyed.py, in git history), where an
+    inverse CDF with one shared uniform kept 88 %.
 
     Keyed noise for a whole vocabulary costs 0.3-2 ms a token here, so only the tokens within
     HEAD of the top weight race on keys of their own. The rest race as two groups, each
