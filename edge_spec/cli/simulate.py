@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from edge_spec.cli.args import add_subcommand
 from edge_spec.simulate.curves import list_profiles
 from edge_spec.simulate.report import format_report, run_report
 from edge_spec.simulate.traces import DEFAULT_TRACES
@@ -20,8 +21,8 @@ NAME = "simulate"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    sim = sub.add_parser(
-        "simulate", help="replay acceptance traces against device profiles, every policy"
+    sim = add_subcommand(
+        sub, NAME, "replay acceptance traces against device profiles, every policy", __doc__
     )
     sim.add_argument(
         "traces",
