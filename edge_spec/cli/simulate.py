@@ -1,4 +1,4 @@
-"""`edge-spec simulate`: replay recorded acceptance traces against device profiles (bundled
+"""Replay recorded acceptance traces against device profiles (bundled
 Jetson, Apple, desktop-GPU and CPU curves, or one measured here) with every k policy, and print
 what each would make of them. Projections, not measurements: the traces hold what the models
 accepted; the device curves say what each step would cost there.
