@@ -9,7 +9,11 @@ Results are memoized and returned read-only, so a verifier that writes into its 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +111,23 @@ def tv_bound(n: int, m: int, false_failure_prob: float = 1e-5) -> float:
     mean_bound = 0.5 * math.sqrt(m / n)
     deviation = math.sqrt(math.log(1.0 / false_failure_prob) / (2.0 * n))
     return mean_bound + deviation
+
+
+def in_parallel(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """fn(*args) for each args in calls, in worker processes, one per core: the statistics
+    tests run tens of thousands of pure-Python generations, which parallelise where the models'
+    tests cannot (llama.cpp already uses every core). fn must be a module-level function."""
+    n_workers = min(len(calls), os.cpu_count() or 1)
+    if n_workers <= 1:
+        return [fn(*args) for args in calls]
+    context = multiprocessing.get_context("spawn")  # a clean interpreter: nothing forked
+    with ProcessPoolExecutor(n_workers, mp_context=context) as pool:
+        return list(pool.map(fn, *zip(*calls)))
+
+
+def n_chunks() -> int:
+    """How many pieces a statistics test splits its runs into: one per core."""
+    return max(os.cpu_count() or 1, 1)
 
 
 class FakeLlama:

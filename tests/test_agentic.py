@@ -53,7 +53,7 @@ def test_every_entry_answers_the_same_requests_with_the_targets_history(spec) ->
     session = load_sessions(["agent-config-03"])[0]
     strategies = [parse_strategy("ngram")]
     runs = run_agentic(spec, [session], strategies, max_tokens=24)
-    assert len(runs) == len(session.turns) * 2
+    assert len(runs) == len(session.turns) * 3  # the target alone, again (the floor), ngram
     by_turn: dict[str, dict[str, object]] = {}
     for run in runs:
         by_turn.setdefault(run.prompt_id, {})[run.strategy] = run

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_model import N_VOCAB, FakeLlama, make_draft, make_head, make_target, tv_bound
+from fake_model import (
+    N_VOCAB,
+    FakeLlama,
+    in_parallel,
+    make_draft,
+    make_head,
+    make_target,
+    n_chunks,
+    tv_bound,
+)
 
 from edge_spec.decode.engine import Prefill, Step, run_steps
 from edge_spec.drafts import ModelDraft, NgramDraft, NoDraft
@@ -170,21 +179,47 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
     joint distribution; the bound is derived in fake_model.tv_bound. "tree": n-gram drafts
     verified as token trees; "head": a draft head over a reduced vocabulary (p_draft zero for
     one token) on the target's hidden states."""
+    rng_seeds = np.random.default_rng(params.seed).integers(0, 2**62, size=N_RUNS)
+    parts = in_parallel(
+        _first_two_tokens, [(mode, params, s) for s in np.array_split(rng_seeds, n_chunks())]
+    )
+    cells = np.concatenate([c for c, _, _ in parts])
+    n_drafted = sum(d for _, d, _ in parts)
+    n_trees = sum(n for _, _, n in parts)
+    target_model = make_target()
+    prompt = _PROMPTS.get(mode, _PROMPTS["*"])
+    empirical = np.bincount(cells, minlength=N_VOCAB**2) / N_RUNS
+    p_first = target_model.probs(prompt, params)
+    exact = np.concatenate(
+        [p_first[x] * target_model.probs(prompt + [x], params) for x in range(N_VOCAB)]
+    )
+    tv = 0.5 * float(np.abs(empirical - exact).sum())
+    assert n_drafted > N_RUNS // 2  # speculation really happened
+    assert (n_trees > N_RUNS // 4) == (mode in ("tree", "head-tree"))
+    assert tv < tv_bound(N_RUNS, N_VOCAB**2), tv
+
+
+_PROMPTS = {
+    "*": [1, 2, 1, 2, 1],  # repetitive, so the n-gram source does propose
+    "tree": [1, 2, 3, 0, 1, 2, 4, 0, 1, 2],  # (1, 2) went on two ways: a tree
+}
+
+
+def _first_two_tokens(mode: str, params: SamplingParams, seeds: np.ndarray):
+    """(the first two tokens of a generation per seed as one cell id, tokens drafted, steps
+    that verified a tree), for the distribution test (module level: it runs in a worker)."""
     target_model = make_target()
     target = FakeLlama(target_model)
     draft_llama = FakeLlama(make_draft(target_model))
     source = ModelDraft(draft_llama) if mode == "model" else NgramDraft(max_ngram=2)
     if mode.startswith("head"):  # drafts from the second step on (no hidden state before)
         source = make_head(draft_llama.model)
-    prompt = [1, 2, 1, 2, 1]  # repetitive, so the n-gram source does propose
-    if mode == "tree":
-        prompt = [1, 2, 3, 0, 1, 2, 4, 0, 1, 2]  # (1, 2) went on two ways: a tree
+    prompt = _PROMPTS.get(mode, _PROMPTS["*"])
     # "head-tree": the head's runner-ups verified beside its chain as one-token branches.
     tree_nodes = {"tree": 3, "head-tree": 2}.get(mode, 0)
-    rng_seeds = np.random.default_rng(params.seed).integers(0, 2**62, size=N_RUNS)
-    cells = np.empty(N_RUNS, dtype=np.int64)
+    cells = np.empty(len(seeds), dtype=np.int64)
     n_drafted = n_trees = 0
-    for run, seed in enumerate(rng_seeds):
+    for run, seed in enumerate(seeds):
         out: list[int] = []
         sampling = SamplingParams(
             params.temperature, params.top_k, params.top_p, params.min_p, seed=int(seed)
@@ -195,15 +230,7 @@ def test_sampled_output_follows_the_target_through_the_engine(mode: str, params)
                 n_drafted += event.n_drafted
                 n_trees += event.n_branch_nodes > 0
         cells[run] = out[0] * N_VOCAB + out[1]
-    empirical = np.bincount(cells, minlength=N_VOCAB**2) / N_RUNS
-    p_first = target_model.probs(prompt, params)
-    exact = np.concatenate(
-        [p_first[x] * target_model.probs(prompt + [x], params) for x in range(N_VOCAB)]
-    )
-    tv = 0.5 * float(np.abs(empirical - exact).sum())
-    assert n_drafted > N_RUNS // 2  # speculation really happened
-    assert (n_trees > N_RUNS // 4) == (mode in ("tree", "head-tree"))
-    assert tv < tv_bound(N_RUNS, N_VOCAB**2), tv
+    return cells, n_drafted, n_trees
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)])

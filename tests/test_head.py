@@ -90,12 +90,16 @@ HELD_OUT = [
 
 @pytest.fixture(scope="module")
 def trained_head(smollm2_path: Path):
-    """A small head trained here, into the tests' own heads directory (conftest): a couple of
-    minutes of data, so its acceptance is low but real."""
+    """A small head trained here, into the tests' own heads directory (conftest): a few
+    thousand rows of data, so its acceptance is low but real. The row cap, not the time
+    budget (generous, never reached), decides how much it trains on, however loaded the
+    machine; answers of at most 128 tokens keep the collection short."""
+    from edge_spec.headtrain import data as data_mod
     from edge_spec.headtrain.run import train_head
 
-    report = train_head(smollm2_path, minutes=2.0, max_rows=6000, eval_prompts=8, seed=3)
-    return report
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data_mod, "MAX_NEW_TOKENS", 128)
+        return train_head(smollm2_path, minutes=60.0, max_rows=3000, eval_prompts=8, seed=3)
 
 
 @pytest.mark.models

@@ -314,7 +314,7 @@ class NetNs:
 
 @pytest.mark.models
 @needs_rpc
-@pytest.mark.parametrize("delay_ms", [0, 5])
+@pytest.mark.parametrize("delay_ms", [5])  # no delay: the loopback test above
 def test_greedy_through_a_network_namespace_equals_the_local_target(
     delay_ms, target_path, draft_path
 ) -> None:

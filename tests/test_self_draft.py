@@ -77,27 +77,47 @@ def test_a_layer_subset_computes_what_its_blocks_compute(smollm2_path: Path, tmp
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_self_draft_output_is_the_targets_and_drafts_are_accepted(
-    which: str, smollm2_path: Path, target_path: Path
+def test_the_chosen_self_draft_output_is_the_targets_and_drafts_are_accepted(
+    smollm2_path: Path,
 ) -> None:
-    """Both registry targets (SmolLM2-135M F16, and the default pair's Gemma-3-270M F16). The
-    Gemma-3 self-draft agrees far less (its best subset, the first 12 of 18 blocks, measured
-    0.47 top-1 on the probe prompts, 0.1-0.5 per prompt here), so only acceptance is asked."""
-    path = smollm2_path if which == "smollm2" else target_path
-    with EdgeSpec(path, draft_mode="self", config=EngineConfig(n_ctx=512)) as spec:
+    """The whole self-draft path on SmolLM2-135M F16: every candidate subset derived and
+    measured, the best one chosen and cached, and drafting with it gives the target's own
+    output."""
+    with EdgeSpec(smollm2_path, draft_mode="self", config=EngineConfig(n_ctx=512)) as spec:
         assert spec.draft_is_self and spec.draft_path is not None
         assert ".self-" in spec.draft_path.name  # derived, cached beside the other models
-        n_drafted = n_accepted = n_diverged = 0
-        for prompt in PROMPTS:
-            alone = spec.generate(prompt, max_tokens=40, draft_mode="none")
-            got = spec.generate(prompt, max_tokens=40, k=3)
-            assert got.draft_mode == "self" and got.draft_vocab == "shared"
-            n_diverged += got.token_ids != alone.token_ids  # a batching near-tie at most
-            n_drafted += got.stats.n_drafted
-            n_accepted += got.stats.n_accepted
-        assert n_diverged <= 1
-        min_rate = 0.2 if which == "smollm2" else 0.02
-        assert n_drafted > 40 and n_accepted > n_drafted * min_rate, (n_drafted, n_accepted)
+        n_drafted, n_accepted = _drafts_with_exact_output(spec)
+        assert n_drafted > 40 and n_accepted > n_drafted * 0.2, (n_drafted, n_accepted)
         with pytest.raises(InvalidRequestError, match="self"):
-            EdgeSpec(path, path, draft_mode="self")
+            EdgeSpec(smollm2_path, smollm2_path, draft_mode="self")
+
+
+@pytest.mark.models
+def test_a_gemma3_layer_subset_drafts_for_its_target(target_path: Path, tmp_path: Path) -> None:
+    """Gemma-3's blocks alternate sliding-window and global attention: a subset that keeps the
+    period (its first candidate, what the self-draft would measure) loads and drafts for the
+    default pair's Gemma-3-270M F16 with the target's own output. Its self-draft agrees far
+    less than SmolLM2's (the best subset measured 0.47 top-1 on the probe prompts, 0.1-0.5 per
+    prompt), so only acceptance is asked."""
+    n_layer = read_facts(target_path).n_layer
+    layers = valid_subsets(n_layer, "gemma3")[0]
+    subset = tmp_path / "gemma3-subset.gguf"
+    write_layer_subset(target_path, subset, layers)
+    with EdgeSpec(target_path, subset, config=EngineConfig(n_ctx=512)) as spec:
+        n_drafted, n_accepted = _drafts_with_exact_output(spec)
+        assert n_drafted > 40 and n_accepted > n_drafted * 0.02, (n_drafted, n_accepted)
+
+
+def _drafts_with_exact_output(spec: EdgeSpec) -> tuple[int, int]:
+    """Each prompt with a fixed k = 3 against the target alone: the same tokens (a batching
+    near-tie may flip one prompt at most); (tokens drafted, accepted)."""
+    n_drafted = n_accepted = n_diverged = 0
+    for prompt in PROMPTS:
+        alone = spec.generate(prompt, max_tokens=40, draft_mode="none")
+        got = spec.generate(prompt, max_tokens=40, k=3)  # the engine's own mode: self, auto
+        assert got.draft_vocab == "shared" and got.draft_mode == spec.default_draft_mode
+        n_diverged += got.token_ids != alone.token_ids
+        n_drafted += got.stats.n_drafted
+        n_accepted += got.stats.n_accepted
+    assert n_diverged <= 1
+    return n_drafted, n_accepted

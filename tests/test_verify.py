@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-from fake_model import N_VOCAB, FakeModel, make_draft, make_target, tv_bound
+from fake_model import N_VOCAB, FakeModel, in_parallel, make_draft, make_target, n_chunks, tv_bound
 
 from edge_spec.decode.verify import Verdict, verify_greedy, verify_keyed, verify_rejection
 from edge_spec.sampling.keys import SampleKeys
@@ -208,12 +208,27 @@ def _speculative_step(
 def _empirical_joint(
     verifier: Verifier, params: SamplingParams, k: int, greedy_draft: bool = False
 ) -> np.ndarray:
-    """(V, V) frequencies of the first two output tokens after PREFIX over N_RUNS runs."""
+    """(V, V) frequencies of the first two output tokens after PREFIX over N_RUNS runs, in
+    one chunk of runs per core, each with its own random stream."""
+    n = n_chunks()
+    calls = [
+        (verifier, params, k, greedy_draft, 20_231_118 + i, len(part))
+        for i, part in enumerate(np.array_split(np.arange(N_RUNS), n))
+    ]
+    cells = np.concatenate(in_parallel(_joint_cells, calls))
+    counts = np.bincount(cells, minlength=N_VOCAB * N_VOCAB)
+    return (counts / N_RUNS).reshape(N_VOCAB, N_VOCAB)
+
+
+def _joint_cells(
+    verifier: Verifier, params: SamplingParams, k: int, greedy_draft: bool, seed: int, n: int
+) -> np.ndarray:
+    """The first two output tokens of n runs as cell ids (module level: runs in a worker)."""
     target = make_target()
     draft = make_draft(target)
-    rng = make_rng(20_231_118)
-    cells = np.empty(N_RUNS, dtype=np.int64)
-    for run in range(N_RUNS):
+    rng = make_rng(seed)
+    cells = np.empty(n, dtype=np.int64)
+    for run in range(n):
         out: tuple[int, ...] = ()
         while len(out) < 2:  # one step may yield a single token: continue from the new context
             step = _speculative_step(
@@ -221,8 +236,7 @@ def _empirical_joint(
             )
             out += step.tokens
         cells[run] = out[0] * N_VOCAB + out[1]
-    counts = np.bincount(cells, minlength=N_VOCAB * N_VOCAB)
-    return (counts / N_RUNS).reshape(N_VOCAB, N_VOCAB)
+    return cells
 
 
 def _target_joint(params: SamplingParams) -> np.ndarray:
