@@ -13,6 +13,12 @@ import pytest
 # modules import numpy first, so conftest, which pytest imports before them, imports edge_spec.
 import edge_spec  # noqa: F401, E402
 
+# Under pytest-xdist (scripts/test.sh runs two workers on this 2-core machine) each llama.cpp
+# context uses one thread, so two workers never oversubscribe the cores; llama.cpp's results do
+# not depend on the thread count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("EDGE_SPEC_THREADS", "1")
+
 # A draft head this machine trained (edge-spec head train) would change what auto drafts with:
 # the tests see only the heads they train themselves.
 os.environ["EDGE_SPEC_HEADS"] = tempfile.mkdtemp(prefix="edge_spec_heads_")

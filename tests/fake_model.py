@@ -126,7 +126,10 @@ def in_parallel(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> lis
 
 
 def n_chunks() -> int:
-    """How many pieces a statistics test splits its runs into: one per core."""
+    """How many pieces a statistics test splits its runs into: one per core, or one under
+    pytest-xdist, whose workers already take a core each."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return 1
     return max(os.cpu_count() or 1, 1)
 
 

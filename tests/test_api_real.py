@@ -183,8 +183,8 @@ def test_a_draft_with_another_vocabulary_drafts_across_it(
         with EdgeSpec(target, draft, config=EngineConfig(n_ctx=512)) as spec:
             n_drafted = n_accepted = n_diverged = 0
             for prompt in CROSS_PROMPTS:
-                alone = spec.generate(prompt, max_tokens=48, draft_mode="none")
-                got = spec.generate(prompt, max_tokens=48, k=3, draft_mode="model")
+                alone = spec.generate(prompt, max_tokens=32, draft_mode="none")
+                got = spec.generate(prompt, max_tokens=32, k=3, draft_mode="model")
                 assert got.draft_vocab == "translated" and got.to_dict()["draft_vocab"]
                 n_drafted += got.stats.n_drafted
                 n_accepted += got.stats.n_accepted
@@ -201,7 +201,7 @@ def test_a_draft_with_another_vocabulary_drafts_across_it(
                     assert gap < 0.2, f"{target.name}: diverged at {at}, gap {gap:.3f}"
                     spec.target.reset()
             assert n_diverged <= 1
-            assert n_drafted > 40 and n_accepted > n_drafted // 5, (n_drafted, n_accepted)
+            assert n_drafted > 30 and n_accepted > n_drafted // 5, (n_drafted, n_accepted)
 
 
 def test_model_mode_without_a_draft_is_refused(target_path: Path) -> None:

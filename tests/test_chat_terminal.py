@@ -13,7 +13,9 @@ from pathlib import Path
 import pexpect
 import pytest
 
-pytestmark = pytest.mark.models
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("chat_terminal")]
 
 EDGE_SPEC = str(Path(sys.executable).parent / "edge-spec")
 SUMMARY = re.compile(r"\[\d+ tokens, [\d.]+ tok/s · [^\]]*\]")
@@ -31,7 +33,7 @@ def spawn(*args: str, timeout: float = 240) -> pexpect.spawn:
     return child
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chat_models() -> None:
     from edge_spec.models.cache import resolve
     from edge_spec.models.manifest import default_pair

@@ -16,9 +16,11 @@ from edge_spec.drafts import NgramDraft, NoDraft
 from edge_spec.errors import InvalidRequestError
 from edge_spec.policy.simple import FixedK
 
-pytestmark = pytest.mark.models
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("engine_real")]
 log = logging.getLogger(__name__)
-N_TOKENS = 64
+N_TOKENS = 48
 K = 4
 
 
@@ -45,14 +47,14 @@ def batched_logits(model: LlamaModel, prompt: list[int], tokens: list[int], k: i
     return np.concatenate(rows)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def baseline(spec: EdgeSpec) -> dict[str, list[int]]:
     """Target-alone greedy outputs (k = 0: one token per target pass)."""
     cfg = GenerationConfig(max_tokens=N_TOKENS, k=0, draft_mode="none")
     return {p: list(spec.generate(p, cfg).token_ids) for p in PROMPTS}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def batch_deviation(spec: EdgeSpec, baseline: dict[str, list[int]]) -> float:
     """The largest change batching makes to any logit *difference* within a row: a greedy
     choice between two tokens can only flip where their gap is below this."""
@@ -68,7 +70,7 @@ def batch_deviation(spec: EdgeSpec, baseline: dict[str, list[int]]) -> float:
     return worst
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tree_deviation(spec: EdgeSpec, baseline: dict[str, list[int]]) -> float:
     """Like batch_deviation, for token trees: the largest change a tree decode makes to a logit
     difference within a row, against the same tokens decoded one at a time. Each prompt's tree

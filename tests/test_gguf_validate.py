@@ -18,7 +18,9 @@ from edge_spec.errors import ModelFileError
 from edge_spec.gguf.facts import read_metadata
 from edge_spec.gguf.validate import validate_gguf
 
-pytestmark = pytest.mark.models
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("gguf_validate")]
 
 
 def _model(name: str) -> Path:
@@ -27,7 +29,7 @@ def _model(name: str) -> Path:
     return resolve(name, progress=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small() -> Path:
     return _model("smollm2-135m-q4_0")
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.models
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("gpu_check")]
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def packed(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
     directory = tmp_path_factory.mktemp("gpucheck")
     subprocess.run([sys.executable, str(SCRIPT), "pack", "--dir", str(directory)], check=True)

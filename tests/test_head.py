@@ -14,6 +14,10 @@ import pytest
 
 from edge_spec.headtrain.train import Params, _acceptance, forward, init_params, loss_and_grads
 
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = pytest.mark.xdist_group("head")
+
 
 def _tiny_params(rng: np.random.Generator, d: int = 4, hidden: int = 6, vocab: int = 5) -> Params:
     p = init_params(d, hidden, rng.standard_normal((vocab, d)), 0.7, 1.3, seed=1)
@@ -88,18 +92,18 @@ HELD_OUT = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained_head(smollm2_path: Path):
     """A small head trained here, into the tests' own heads directory (conftest): a few
     thousand rows of data, so its acceptance is low but real. The row cap, not the time
     budget (generous, never reached), decides how much it trains on, however loaded the
-    machine; answers of at most 128 tokens keep the collection short."""
+    machine; answers of at most 96 tokens keep the collection short."""
     from edge_spec.headtrain import data as data_mod
     from edge_spec.headtrain.run import train_head
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(data_mod, "MAX_NEW_TOKENS", 128)
-        return train_head(smollm2_path, minutes=60.0, max_rows=3000, eval_prompts=8, seed=3)
+        patch.setattr(data_mod, "MAX_NEW_TOKENS", 96)
+        return train_head(smollm2_path, minutes=60.0, max_rows=2000, eval_prompts=8, seed=3)
 
 
 @pytest.mark.models

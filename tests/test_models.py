@@ -30,6 +30,10 @@ from edge_spec.models import cache as cache_module
 from edge_spec.models import manifest as manifest_module
 from edge_spec.models.manifest import Manifest, ModelEntry, ModelPair
 
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = pytest.mark.xdist_group("models")
+
 HEX = set("0123456789abcdef")
 
 

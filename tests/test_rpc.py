@@ -25,6 +25,10 @@ from edge_spec.backend.rpc import (
 )
 from edge_spec.errors import InvalidRequestError
 
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = pytest.mark.xdist_group("rpc")
+
 PROMPTS = [
     "The three primary colors are",
     "def fibonacci(n):\n",
@@ -94,7 +98,7 @@ def test_cli_with_an_unreachable_server_exits_2_with_one_line() -> None:
 needs_rpc = pytest.mark.skipif(not supports_rpc(), reason="llama.cpp built without GGML_RPC")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def servers() -> Iterator[tuple[str, str]]:
     """Two `edge-spec rpc-server`s on loopback, one thread each."""
     ports = [free_port(), free_port()]

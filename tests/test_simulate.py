@@ -20,6 +20,10 @@ from edge_spec.simulate.curves import list_profiles, load_profile
 from edge_spec.simulate.replay import ReplayResult, oracle, replay, simulate
 from edge_spec.simulate.traces import DEFAULT_TRACES, PromptTrace, load_traces
 
+# One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
+# tests of other modules running in between do not tear them down) are built once.
+pytestmark = pytest.mark.xdist_group("simulate")
+
 MS = 1e-3
 LINEAR = CostCurve(tuple(n * MS for n in range(1, 17)), draft_token_s=0.5 * MS, ngram_s=0.0)
 
@@ -233,7 +237,7 @@ def test_unknown_profile_is_an_error() -> None:
 # ---- the recorded traces and the done-when -------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def recorded() -> dict:
     traces = load_traces(DEFAULT_TRACES)
     reports = simulate(traces, [load_profile(n) for n in list_profiles()], None, k_max=8)

@@ -133,8 +133,15 @@ def quantize(
 
 
 def default_threads() -> int:
-    """Physical cores where psutil knows them, else logical CPUs: decode is bandwidth-bound and
-    hyper-threads only add contention."""
+    """$EDGE_SPEC_THREADS where set (a positive integer), else physical cores where psutil
+    knows them, else logical CPUs: decode is bandwidth-bound and hyper-threads only add
+    contention."""
+    configured = os.environ.get("EDGE_SPEC_THREADS", "").strip()
+    if configured:
+        try:
+            return max(1, int(configured))
+        except ValueError:
+            log.warning("ignoring EDGE_SPEC_THREADS=%r: not an integer", configured)
     try:
         import psutil
 
