@@ -113,6 +113,25 @@ def tv_bound(n: int, m: int, false_failure_prob: float = 1e-5) -> float:
     return mean_bound + deviation
 
 
+def tv_bound_for(n: int, p_exact: np.ndarray, false_failure_prob: float = 1e-5) -> float:
+    """tv_bound with the mean term from the exact distribution the samples should follow,
+    0.5 * sum_j sqrt(p_j (1 - p_j) / n) (Jensen, without Cauchy-Schwarz's worst case)."""
+    p = np.asarray(p_exact, dtype=np.float64)
+    mean_bound = 0.5 * float(np.sqrt(p * (1.0 - p)).sum()) / math.sqrt(n)
+    deviation = math.sqrt(math.log(1.0 / false_failure_prob) / (2.0 * n))
+    return mean_bound + deviation
+
+
+def runs_for(p_exact: np.ndarray, bound: float, n_max: int) -> int:
+    """The fewest runs (at most n_max) whose tv_bound_for is at most `bound`: a distribution
+    test as strict as the worst-case bound at n_max, in fewer runs where the distribution is
+    concentrated."""
+    n = 1000
+    while n < n_max and tv_bound_for(n, p_exact) > bound:
+        n = int(n * 1.05) + 1
+    return min(n, n_max)
+
+
 def in_parallel(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
     """fn(*args) for each args in calls, in worker processes, one per core: the statistics
     tests run tens of thousands of pure-Python generations, which parallelise where the models'
