@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+from edge_spec.constrain.spec import (
+    Constraint,
+    Tool,
+    ToolChoice,
+    parse_tool_choice,
+    parse_tools,
+)
+from edge_spec.constrain.tools import ToolCall
 from edge_spec.decode.stats import GenerationStats
 from edge_spec.decode.text import Span
 from edge_spec.errors import InvalidRequestError
@@ -17,7 +25,7 @@ PolicyName = Literal["fixed", "heuristic", "cost"]
 POLICIES: tuple[str, ...] = ("fixed", "heuristic", "cost")
 DEFAULT_K = 4  # the fixed policy's draft length when none is given (the heuristic's start)
 DEFAULT_SESSION = "default"  # the session of API calls that name none
-FinishReason = Literal["stop", "eos", "length", "context"]
+FinishReason = Literal["stop", "eos", "length", "context", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,15 @@ class GenerationConfig:
     # earlier requests too. The EdgeSpec's own session by default; None: this request alone
     # (the server's default, so no client's text reaches another's drafts).
     session: str | None = DEFAULT_SESSION
+    # Structured output: the answer matches this grammar (a JSON schema, any JSON object, a
+    # regular expression, a Lark or GBNF grammar), token by token, exactly as the constrained
+    # target alone would write it. from_kwargs takes OpenAI's response_format or a grammar.
+    constraint: Constraint | None = None
+    # Tools the model may call (OpenAI's function tools) and how: tool_choice None is "auto"
+    # with tools, "none" without; calls are held to their function's parameters.
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -140,6 +157,15 @@ class GenerationConfig:
             raise InvalidRequestError("stop strings must be non-empty strings")
         if self.session is not None and not isinstance(self.session, str):
             raise InvalidRequestError(f"session must be a string or None, got {self.session!r}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidRequestError("constraint must be a Constraint (or use response_format)")
+        choice = self.tool_choice
+        if choice is not None and choice.mode in ("required", "function") and not self.tools:
+            raise InvalidRequestError(f"tool_choice {choice.mode!r} needs tools")
+        if self.constraint is not None and self.tools and self.tool_mode != "none":
+            raise InvalidRequestError(
+                "a response format or grammar and tool calls: give one (or tool_choice 'none')"
+            )
 
     @classmethod
     def from_kwargs(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
@@ -148,7 +174,7 @@ class GenerationConfig:
         base = base or cls()
         sampling_names = {f.name for f in fields(SamplingParams)}
         own_names = {f.name for f in fields(cls)}
-        unknown = set(kwargs) - sampling_names - own_names
+        unknown = set(kwargs) - sampling_names - own_names - set(STRUCTURED_OPTIONS)
         if unknown:
             raise InvalidRequestError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         flat = {key: kwargs.pop(key) for key in list(kwargs) if key in sampling_names}
@@ -156,6 +182,7 @@ class GenerationConfig:
         if not isinstance(sampling, SamplingParams):
             raise InvalidRequestError(f"sampling must be SamplingParams, got {sampling!r:.60}")
         sampling = replace(sampling, **flat)
+        _structured(kwargs)
         stop = kwargs.get("stop")
         if stop is not None and not isinstance(stop, str):
             try:
@@ -167,12 +194,50 @@ class GenerationConfig:
         return replace(base, sampling=sampling, **kwargs)
 
     @property
+    def tool_mode(self) -> str:
+        """none, auto, required or function: how this request may call its tools."""
+        if not self.tools:
+            return "none"
+        return self.tool_choice.mode if self.tool_choice is not None else "auto"
+
+    @property
     def policy_name(self) -> PolicyName:
         """The policy this request runs: the one asked for, else fixed when k is given, else
         the cost model."""
         if self.policy is not None:
             return self.policy
         return "fixed" if self.k is not None else "cost"
+
+
+STRUCTURED_OPTIONS = ("response_format", "grammar", "json_schema")
+
+
+def _structured(kwargs: dict[str, Any]) -> None:
+    """from_kwargs' structured-output options as config fields, in place: response_format
+    (OpenAI's shapes), grammar (Lark text, or a Constraint), json_schema (a schema); tools and
+    tool_choice in OpenAI's shapes."""
+    given = [name for name in STRUCTURED_OPTIONS if kwargs.get(name) is not None]
+    if len(given) > 1 or (given and kwargs.get("constraint") is not None):
+        raise InvalidRequestError(f"give one of {', '.join(STRUCTURED_OPTIONS)}, not several")
+    for name in STRUCTURED_OPTIONS:
+        value = kwargs.pop(name, None)
+        if value is None:
+            continue
+        if name == "response_format":
+            kwargs["constraint"] = Constraint.from_response_format(value)
+        elif name == "json_schema":
+            kwargs["constraint"] = Constraint.json_schema(value)
+        else:
+            is_spec = isinstance(value, Constraint)
+            kwargs["constraint"] = value if is_spec else Constraint.grammar(value, "lark")
+    tools = kwargs.get("tools")
+    if tools is not None and not all(isinstance(tool, Tool) for tool in tools or ()):
+        kwargs["tools"] = parse_tools(tools)
+    elif "tools" in kwargs:
+        kwargs["tools"] = tuple(tools or ())
+    tool_choice = kwargs.get("tool_choice")
+    if tool_choice is not None and not isinstance(tool_choice, ToolChoice):
+        kwargs["tool_choice"] = parse_tool_choice(tool_choice, kwargs.get("tools", ()))
 
 
 @dataclass(frozen=True)
@@ -190,10 +255,19 @@ class GenerationResult:
     # "shared": the draft model's token ids are the target's; "translated": its text is
     # re-tokenized for the target (a cross-vocabulary draft); None without a draft model.
     draft_vocab: str | None = None
+    # Tool calls the answer made (finish_reason "tool_calls"), and its text outside them.
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str | None = None
+    # Under a constraint: whether the answer is a whole one (False when max_tokens or the
+    # context cut it short); None without one.
+    constraint_complete: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
+            "content": self.content if self.tool_calls else self.text,
+            "tool_calls": [call.to_dict() for call in self.tool_calls],
+            "constraint_complete": self.constraint_complete,
             "finish_reason": self.finish_reason,
             "token_ids": list(self.token_ids),
             "n_prompt_tokens": len(self.prompt_token_ids),

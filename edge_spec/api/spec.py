@@ -21,6 +21,11 @@ from edge_spec.api.config import (
     TextDelta,
 )
 from edge_spec.backend import LlamaModel
+from edge_spec.backend.grammar_vocab import grammar_tokenizer
+from edge_spec.constrain.grammars import compile_grammar, tool_grammar
+from edge_spec.constrain.matcher import GrammarConstraint
+from edge_spec.constrain.spec import Tool, ToolChoice
+from edge_spec.constrain.tools import CallFormat, call_format, renders_tools
 from edge_spec.decode.engine import Prefill, Step, run_steps
 from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
@@ -119,29 +124,51 @@ class EdgeSpec:
 
     def chat(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         config: GenerationConfig | None = None,
         **options: Any,
     ) -> GenerationResult:
-        """Answer a conversation rendered with the target GGUF's own chat template."""
-        return self.generate(self.render_chat(messages), config, **options)
+        """Answer a conversation rendered with the target GGUF's own chat template (with the
+        request's tools, their calls and results, in the model family's format)."""
+        cfg = _config(config, options)
+        return self.generate(self.render_chat(messages, cfg.tools), cfg)
 
     def stream_chat(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         config: GenerationConfig | None = None,
         **options: Any,
     ) -> Iterator[TextDelta]:
-        return self.stream(self.render_chat(messages), config, **options)
+        cfg = _config(config, options)
+        return self.stream(self.render_chat(messages, cfg.tools), cfg)
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool] = ()) -> str:
+        """The prompt of a conversation. With tools, or with tool calls and results in the
+        history, a template that renders tools itself gets them as they are; any other gets the
+        tool list in the system message and the history in the family's call format."""
         info = self.target.info
+        template = self.chat_template.text
+        has_tools = bool(tools) or any(
+            isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls"))
+            for m in messages
+        )
+        native = has_tools and renders_tools(template, self.call_format)
+        if has_tools and not native:
+            messages = self.call_format.rewrite(messages, tools)
         return render_chat(
-            self.chat_template.text,
+            template,
             messages,
             bos_token=self.target.token_text(info.bos_id).decode("utf-8", "replace"),
             eos_token=self.target.token_text(info.eos_id).decode("utf-8", "replace"),
+            tools=[{"type": "function", "function": t.to_dict()} for t in tools]
+            if native
+            else None,
         )
+
+    @property
+    def call_format(self) -> CallFormat:
+        """How the target's family writes tool calls (edge_spec.constrain.tools)."""
+        return call_format(self.target.info.architecture, self.chat_template.text)
 
     def tokenize(self, text: str) -> list[int]:
         return self.target.tokenize(text, add_special=True, parse_special=True)
@@ -152,11 +179,7 @@ class EdgeSpec:
         """Yields text deltas as tokens are accepted; the last delta carries the result."""
         if not isinstance(prompt, str):
             raise InvalidRequestError("the prompt must be a string")
-        cfg = (
-            GenerationConfig.from_kwargs(config, **options)
-            if options
-            else (config or GenerationConfig())
-        )
+        cfg = _config(config, options)
         mode: DraftMode = cfg.draft_mode or self.default_draft_mode
         if mode == "model" and "model" not in self._sources:
             raise InvalidRequestError(f"draft_mode {mode!r} needs a draft model; none is loaded")
@@ -168,12 +191,32 @@ class EdgeSpec:
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
-        return self._stream(prompt_ids, cfg, mode)
+        constraint = self._constraint(cfg)  # a bad schema or grammar fails here, not mid-stream
+        return self._stream(prompt_ids, cfg, mode, constraint)
+
+    def _constraint(self, cfg: GenerationConfig) -> GrammarConstraint | None:
+        """The request's grammar state: its tool calls' under tool_choice, else its response
+        format's or grammar's; None when the answer is free text."""
+        if cfg.tool_mode == "none" and cfg.constraint is None:
+            return None
+        tokenizer = grammar_tokenizer(self.target)
+        if cfg.tool_mode != "none":
+            choice = cfg.tool_choice or ToolChoice("auto")
+            fmt = replace(self.call_format, parallel=cfg.parallel_tool_calls)
+            grammar = tool_grammar(cfg.tools, choice, fmt, tokenizer)
+        else:
+            assert cfg.constraint is not None
+            grammar = compile_grammar(cfg.constraint, tokenizer)
+        return GrammarConstraint(grammar, tokenizer) if grammar is not None else None
 
     # ---- the generation driver -------------------------------------------------------------
 
     def _stream(
-        self, prompt_ids: list[int], cfg: GenerationConfig, mode: DraftMode
+        self,
+        prompt_ids: list[int],
+        cfg: GenerationConfig,
+        mode: DraftMode,
+        constraint: GrammarConstraint | None = None,
     ) -> Iterator[TextDelta]:
         with self._lock:
             sources, policy = self._plan_for(mode, cfg)  # may profile the device: not timed
@@ -192,6 +235,7 @@ class EdgeSpec:
                 k_max=max((cfg.k or 0) + (cfg.tree_nodes or 0), cfg.k_max),
                 max_tokens=cfg.max_tokens,
                 sampling=cfg.sampling,
+                constraint=constraint,
             )
             try:
                 for event in steps:
@@ -211,6 +255,12 @@ class EdgeSpec:
             if finish is None:  # the loop ran out: max_tokens reached or the context is full
                 finish = "length" if len(token_ids) >= cfg.max_tokens else "context"
             tail = text.finish_spans()
+            content, calls = text.text, []
+            if cfg.tool_mode != "none":
+                content, calls = self.call_format.parse(text.text, cfg.tools)
+                finish = "tool_calls" if calls else finish
+            elapsed_s = time.perf_counter() - t_start
+            constraint_s = constraint.mask_s if constraint is not None else 0.0
             result = GenerationResult(
                 text=text.text,
                 finish_reason=finish,
@@ -221,10 +271,13 @@ class EdgeSpec:
                 draft_mode=mode,
                 policy=policy.name,
                 k=cfg.k,
-                stats=stats.result(len(prompt_ids), len(token_ids), time.perf_counter() - t_start),
+                stats=stats.result(len(prompt_ids), len(token_ids), elapsed_s, constraint_s),
                 draft_vocab=(
                     getattr(sources["model"], "vocabulary", None) if "model" in sources else None
                 ),
+                tool_calls=tuple(calls),
+                content=content,
+                constraint_complete=constraint.complete if constraint is not None else None,
             )
             yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
 
@@ -253,7 +306,18 @@ class EdgeSpec:
         policy_name = cfg.policy_name if mode != "none" else "fixed"
         k = (DEFAULT_K if cfg.k is None else cfg.k) if mode != "none" else 0
         # Acceptance differs between greedy and sampled decoding: learn them apart.
-        key = (mode, learned, policy_name, k, cfg.k_max, cfg.tree_nodes, cfg.sampling.greedy)
+        # Constrained answers (drafts cut by the grammar, forced text ahead) too.
+        structured = cfg.constraint is not None or cfg.tool_mode != "none"
+        key = (
+            mode,
+            learned,
+            policy_name,
+            k,
+            cfg.k_max,
+            cfg.tree_nodes,
+            cfg.sampling.greedy,
+            structured,
+        )
         if key not in self._policies:
             costs = self.cost_curve(learned) if policy_name == "cost" else None
             self._policies[key] = make_policy(
@@ -325,3 +389,10 @@ def _draft_name(source: DraftSource | None, draft: Path | None, head: Path | Non
 
 def _join(spans: Sequence[Span]) -> str:
     return "".join(text for text, _ in spans)
+
+
+def _config(config: GenerationConfig | None, options: Mapping[str, Any]) -> GenerationConfig:
+    """The request's config: `config` (or the defaults) with `options` applied."""
+    if options:
+        return GenerationConfig.from_kwargs(config, **options)
+    return config or GenerationConfig()

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_spec.backend import LlamaModel
-from edge_spec.decode.verify import Verdict, verify_greedy, verify_keyed, verify_tree
+from edge_spec.decode.constraint import StepConstraint
+from edge_spec.decode.verify import (
+    Verdict,
+    verify_constrained,
+    verify_greedy,
+    verify_keyed,
+    verify_tree,
+)
 from edge_spec.drafts import NO_DRAFT, Draft, DraftSource, ModelDraft, NgramDraft
 from edge_spec.drafts.candidates import NgramCandidate
 from edge_spec.errors import ContextOverflowError, InvalidRequestError
@@ -34,7 +41,7 @@ class Step:
     time went."""
 
     tokens: tuple[int, ...]
-    source: SourceName
+    source: str  # a policy source ("model", "ngram", "none"), or "grammar": forced text alone
     k_planned: int
     n_drafted: int
     n_accepted: int
@@ -44,6 +51,10 @@ class Step:
     n_branch_nodes: int = 0  # a token tree: its branch tokens (also counted in n_drafted)
     n_branch_accepted: int = 0  # accepted tokens that came from a branch
     depth: int = 0  # a token tree: its deepest draft position + 1 (a chain: n_drafted)
+    # Under a grammar: the text it forced, drafted ahead of the source's own tokens (also
+    # counted in n_drafted), and how much of it was accepted (in n_accepted).
+    n_forced: int = 0
+    n_forced_accepted: int = 0
 
     @property
     def n_positions(self) -> int:
@@ -67,12 +78,15 @@ def run_steps(
     k_max: int,
     max_tokens: int,
     sampling: SamplingParams,
+    constraint: StepConstraint | None = None,
 ) -> Iterator[Prefill | Step]:
     """Yields one Prefill, then Steps until max_tokens tokens were produced or the context is
     full (the caller stops earlier at EOS or a stop string by closing the generator).
 
     Requires a non-empty prompt that fits in the target's context, k_max >= 0, max_tokens >= 0,
     and "none" among the sources; the policy picks a source and k <= k_max for every step.
+    With a constraint (in its initial state), every token is the grammar-masked target's own
+    choice, and the text the grammar forces is drafted ahead of the sources' tokens.
     """
     if not prompt:
         raise InvalidRequestError("the prompt is empty")
@@ -85,6 +99,7 @@ def run_steps(
     keys = SampleKeys(sampling.seed)  # draws keyed by (seed, position): drafts change nothing
     context = list(prompt)
     names = tuple(sources)
+    drafting = any(name != "none" for name in names)  # else the target alone: no forced drafts
     ngram = sources.get("ngram")
     # Token trees need a target that keeps one sequence per branch, and a policy that plans them.
     trees = policy.tree_nodes > 0 and target.max_tree_leaves > 1
@@ -112,25 +127,34 @@ def run_steps(
         k_cap = min(k_max, target.n_ctx - len(context), max_tokens - n_out - 1, target.n_batch - 1)
         t0 = time.perf_counter()
         decode0_s = sum(m.decode_s for m in models)
+        # The grammar's forced text first (free to draft); the sources draft what follows it.
+        forced = constraint.forced(k_cap) if constraint is not None and drafting else []
+        ahead, cap = (context + forced, k_cap - len(forced)) if forced else (context, k_cap)
         candidate = (
-            ngram.candidate(context, k_cap, branches=trees)
+            ngram.candidate(ahead, cap, branches=trees and not forced)
             if isinstance(ngram, NgramDraft)
             else None
         )
-        plan = policy.plan(names, k_cap, candidate)
+        plan = policy.plan(names, cap, candidate)
         draft, branch_weights = _propose(
             plan,
             sources,
             candidate,
-            context,
+            ahead,
             sampling,
             keys,
             policy,
-            target.max_tree_leaves if trees else 1,
-            k_cap,
+            target.max_tree_leaves if trees and not forced else 1,
+            cap,
         )
+        if constraint is not None:
+            draft, branch_weights = _allowed(constraint, forced, draft, branch_weights)
+        n_forced = min(len(forced), len(draft.tokens))
         t1 = time.perf_counter()
-        verdict, hidden = _target_pass(target, draft, context, sampling, keys, bool(heads))
+        verdict, hidden = _target_pass(
+            target, draft, context, sampling, keys, bool(heads), constraint
+        )
+        n_forced_accepted = min(n_forced, verdict.n_accepted)
         context.extend(verdict.tokens)
         for head in heads:
             head.observe(len(context), hidden)
@@ -139,16 +163,19 @@ def run_steps(
         match_len = candidate.match_len if candidate and plan.source == "ngram" else 0
         n_main = len(draft.tokens) - len(branch_weights)  # tree: main chain, then branches
         n_branch_accepted = sum(i >= n_main for i in verdict.path)
+        # The policy's own draft is what followed the forced text (never reached if the
+        # target took another way through that text).
+        reached = n_forced_accepted == n_forced
         policy.update(
             StepOutcome(
                 plan.source,
-                len(draft.tokens),
-                verdict.n_accepted,
+                len(draft.tokens) - n_forced if reached else 0,
+                verdict.n_accepted - n_forced if reached else 0,
                 draft.confidences,
                 match_len,
                 t1 - t0,
                 t2 - t1,
-                tokens=verdict.tokens,
+                tokens=verdict.tokens[n_forced:] if reached else (),
                 n_branch_nodes=len(branch_weights),
                 n_branch_accepted=n_branch_accepted,
                 branch_weight=sum(branch_weights),
@@ -156,7 +183,7 @@ def run_steps(
         )
         yield Step(
             verdict.tokens,
-            plan.source,
+            "grammar" if n_forced and plan.source == "none" else plan.source,
             plan.k,
             len(draft.tokens),
             verdict.n_accepted,
@@ -166,6 +193,8 @@ def run_steps(
             len(branch_weights),
             n_branch_accepted,
             _depth(draft),
+            n_forced,
+            n_forced_accepted,
         )
 
 
@@ -203,6 +232,37 @@ def _propose(
     return Draft(draft.tokens, draft.confidences), ()
 
 
+def _allowed(
+    constraint: StepConstraint,
+    forced: list[int],
+    draft: Draft,
+    branch_weights: tuple[float, ...],
+) -> tuple[Draft, tuple[float, ...]]:
+    """The forced tokens, then the draft, as far as the grammar allows: a chain is cut at its
+    first refused token; a tree whose every node the grammar allows stays a tree, else it is
+    verified as its main chain, cut the same way."""
+    if draft.parents and not forced:
+        if all(_path_allowed(constraint, draft, i) for i in range(len(draft.tokens))):
+            return draft, branch_weights
+        n_main = len(draft.tokens) - len(branch_weights)
+        draft = Draft(draft.tokens[:n_main], draft.confidences[:n_main])
+    tokens = [*forced, *draft.tokens]
+    n = constraint.valid_prefix(tokens)
+    if n == len(tokens) and not forced:
+        return draft, ()
+    kept = max(n - len(forced), 0)
+    return Draft(tuple(tokens[:n]), draft.confidences[:kept]), ()
+
+
+def _path_allowed(constraint: StepConstraint, draft: Draft, node: int) -> bool:
+    """Whether the grammar allows the tree's path from its root to `node`."""
+    path: list[int] = []
+    while node >= 0:
+        path.append(draft.tokens[node])
+        node = draft.parents[node]
+    return constraint.valid_prefix(path[::-1]) == len(path)
+
+
 def _depth(draft: Draft) -> int:
     """A draft's deepest position + 1 (its length for a chain)."""
     if not draft.parents:
@@ -220,6 +280,7 @@ def _target_pass(
     sampling: SamplingParams,
     keys: SampleKeys,
     want_hidden: bool = False,
+    constraint: StepConstraint | None = None,
 ) -> tuple[Verdict, np.ndarray | None]:
     """One target pass over [last token, draft...] (a chain, or a token tree with one sequence
     per branch), verified; the cache keeps what was accepted. With want_hidden, also the hidden
@@ -227,12 +288,20 @@ def _target_pass(
     batch = [context[-1], *draft.tokens]
     if draft.parents:
         logits = target.decode_tree(batch, (-1, *(p + 1 for p in draft.parents)))
-        verdict = verify_tree(draft.tokens, draft.parents, logits, sampling, keys, len(context))
+        args = (draft.tokens, draft.parents, logits, sampling, keys, len(context))
+        verdict = (
+            verify_constrained(*args, constraint) if constraint is not None else verify_tree(*args)
+        )
         hidden = target.hidden(verdict.path[-1] + 1 if verdict.path else 0) if want_hidden else None
         target.keep_tree([i + 1 for i in verdict.path])
         return verdict, hidden
     logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
-    verdict = _verify(draft, logits, sampling, keys, len(context))
+    if constraint is not None:
+        verdict = verify_constrained(
+            draft.tokens, (), logits, sampling, keys, len(context), constraint
+        )
+    else:
+        verdict = _verify(draft, logits, sampling, keys, len(context))
     hidden = target.hidden(verdict.n_accepted) if want_hidden else None
     target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
     return verdict, hidden

@@ -48,6 +48,8 @@ class GenerationStats:
     n_tree_steps: int = 0  # steps that verified a token tree
     n_branch_drafted: int = 0  # of n_drafted, the trees' branch tokens
     n_branch_accepted: int = 0  # of n_accepted, the tokens accepted along a branch
+    # Under a grammar: the time spent on its masks, checks and forced text (llguidance)
+    constraint_s: float = 0.0
 
     @property
     def overhead_per_step_s(self) -> float:
@@ -115,11 +117,14 @@ class StatsCollector:
         self.decode_s += event.decode_s
         source = self._names.get(event.source, event.source)
         self.steps_by_source[source] = self.steps_by_source.get(source, 0) + 1
-        if event.n_drafted:
-            self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + event.n_drafted
-            self.accepted_by_source[source] = (
-                self.accepted_by_source.get(source, 0) + event.n_accepted
-            )
+        # A grammar's forced text is its own source's draft, ahead of the step's source.
+        for name, drafted, accepted in (
+            ("grammar", event.n_forced, event.n_forced_accepted),
+            (source, event.n_drafted - event.n_forced, event.n_accepted - event.n_forced_accepted),
+        ):
+            if drafted:
+                self.drafted_by_source[name] = self.drafted_by_source.get(name, 0) + drafted
+                self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + accepted
         self.k_chosen += [0] * max(event.k_planned + 1 - len(self.k_chosen), 0)
         self.k_chosen[event.k_planned] += 1
         self.n_drafted += event.n_drafted
@@ -136,7 +141,9 @@ class StatsCollector:
         for i in range(event.n_accepted):
             self.accepted[i] += 1
 
-    def result(self, n_prompt: int, n_generated: int, total_s: float) -> GenerationStats:
+    def result(
+        self, n_prompt: int, n_generated: int, total_s: float, constraint_s: float = 0.0
+    ) -> GenerationStats:
         n_drafted, n_accepted = self.n_drafted, self.n_accepted
         decode_s = max(total_s - self.prefill_s, 1e-9)
         steps = max(self.n_steps, 1)
@@ -171,4 +178,5 @@ class StatsCollector:
             n_tree_steps=self.n_tree_steps,
             n_branch_drafted=self.n_branch_drafted,
             n_branch_accepted=self.n_branch_accepted,
+            constraint_s=constraint_s,
         )

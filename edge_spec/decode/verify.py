@@ -20,12 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge_spec.decode.constraint import StepConstraint
 from edge_spec.sampling.keys import SampleKeys
 from edge_spec.sampling.transform import LazyProbs, SamplingParams, argmax, sample
 
 __all__ = [
     "Verdict",
     "check_tree",
+    "verify_constrained",
     "verify_greedy",
     "verify_keyed",
     "verify_rejection",
@@ -130,6 +132,49 @@ def verify_tree(
             accepted = tuple(tokens[i] for i in path)
             return Verdict(accepted + (chosen,), len(path), tuple(path))
         path.append(node)
+
+
+def verify_constrained(
+    draft_tokens: Sequence[int],
+    parents: Sequence[int],
+    target_logits: np.ndarray,
+    params: SamplingParams,
+    keys: SampleKeys,
+    first_position: int,
+    constraint: StepConstraint,
+) -> Verdict:
+    """verify_greedy / verify_keyed / verify_tree (parents empty: a chain) under a grammar: the
+    target chooses from each row with the grammar's mask at that position applied (its masked
+    argmax, or its keyed draw over the masked row), so every token is the constrained target's
+    own. Greedy masks only a row whose argmax the grammar refuses (the argmax over the allowed
+    tokens is then the row's own); a sampled row is always masked. On return the constraint
+    has advanced by the verdict's tokens.
+
+    Requires: the constraint in the state after the context, and every draft token's path
+    allowed by it; target_logits as verify_tree requires (rows are masked in place).
+    """
+    tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
+    chain = not parents
+    children = check_tree(tokens, range(-1, len(tokens) - 1) if chain else parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        row = target_logits[node + 1]
+        if params.greedy:
+            chosen = argmax(row)
+            if not constraint.allows(chosen):
+                constraint.mask(row)
+                chosen = argmax(row)
+        else:
+            constraint.mask(row)
+            chosen = keys.draw(row, params, first_position + len(path))[0]
+        constraint.advance([chosen])
+        nxt = children.get((node, chosen))
+        if nxt is None:
+            accepted = tuple(tokens[i] for i in path)
+            return Verdict(accepted + (chosen,), len(path), () if chain else tuple(path))
+        path.append(nxt)
+        node = nxt
 
 
 def check_tree(tokens: Sequence[int], parents: Sequence[int]) -> dict[tuple[int, int], int]:

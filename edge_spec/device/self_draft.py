@@ -1,6 +1,6 @@
 """The self-draft: a draft derived from the target alone, with no second model to download.
 
-It is the target with some of its blocks left out (edge_spec.layer_subset: early exit, or a
+It is the target with some of its blocks left out (edge_spec.models.layer_subset: early exit, or a
 run of middle blocks skipped as Draft&Verify and SWIFT do), sharing the target's vocabulary,
 embeddings and LM head, so its drafts are verified like any same-vocabulary model draft. Which
 blocks to leave out is measured on this device, once per target: every candidate subset's
@@ -29,7 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_spec import backend
+from edge_spec.backend import LlamaModel
+from edge_spec.device.probes import time_batches
+from edge_spec.device.profile import load_or_profile
 from edge_spec.errors import ModelFileError
+from edge_spec.files import atomic_output, cache_dir, file_sha256
+from edge_spec.gguf.validate import validate_gguf
+from edge_spec.models.layer_subset import _ranges, read_gguf, valid_subsets, write_layer_subset
+from edge_spec.models.manifest import models_dir
+from edge_spec.prompts import load_prompts
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +77,6 @@ def self_draft_path(target_path: str | Path, *, n_threads: int | None = None) ->
 
 
 def load_or_choose(target_path: str | Path, *, n_threads: int | None = None) -> SelfDraftChoice:
-    from edge_spec.files import file_sha256
-    from edge_spec.gguf.validate import validate_gguf
 
     target_path = Path(target_path)
     validate_gguf(target_path)  # a bad file is one clear error, before the gguf reader sees it
@@ -90,12 +97,6 @@ def load_or_choose(target_path: str | Path, *, n_threads: int | None = None) -> 
 
 def choose(target_path: Path, sha: str, *, n_threads: int | None = None) -> SelfDraftChoice:
     """Measure every candidate subset of the target's blocks and keep the best."""
-    from edge_spec import backend
-    from edge_spec.backend import LlamaModel
-    from edge_spec.device.profile import load_or_profile
-    from edge_spec.files import atomic_output
-    from edge_spec.models.layer_subset import _ranges, read_gguf, valid_subsets, write_layer_subset
-    from edge_spec.models.manifest import models_dir
 
     started = time.perf_counter()
     costs = load_or_profile(target_path, None, n_threads=n_threads, quick=True).cost_curve()
@@ -163,7 +164,6 @@ def _best_k(agree: float, c: float, rel: Sequence[float]) -> tuple[int, float]:
 
 def _probes(target) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, the target's greedy continuation) for one bench prompt per category."""
-    from edge_spec.prompts import load_prompts
 
     seen: set[str] = set()
     probes = []
@@ -199,7 +199,6 @@ def _agreement(draft, probes: Sequence[tuple[list[int], list[int]]]) -> float:
 
 def _one_token_cost_ratio(draft, target) -> float:
     """c: the draft's median one-token decode over the target's, timed interleaved."""
-    from edge_spec.device.probes import time_batches
 
     draft_times, target_times = time_batches([draft, target], COST_CONTEXT, [1], COST_REPEATS)
     return statistics.median(draft_times[1]) / statistics.median(target_times[1])
@@ -214,7 +213,6 @@ def _block_count(reader) -> int:
 
 
 def _record_path(sha: str) -> Path:
-    from edge_spec.files import cache_dir
 
     return cache_dir() / "profiles" / f"self-draft-{sha[:24]}.json"
 

@@ -93,10 +93,12 @@ def render_chat(
     bos_token: str,
     eos_token: str,
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """Requires a template and messages with a known role and string content; returns the
-    prompt text. Raises InvalidRequestError otherwise, naming the fix when the template itself
-    fails."""
+    """Requires a template and messages with a known role and string content (an assistant's
+    may be empty beside its tool_calls); returns the prompt text. tools, and the messages'
+    tool_calls, tool_call_id and name, go to templates that render tools themselves. Raises
+    InvalidRequestError otherwise, naming the fix when the template itself fails."""
     if not template:
         raise InvalidRequestError(
             "the target model has no chat template: pass one with --chat-template "
@@ -104,16 +106,22 @@ def render_chat(
         )
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequestError("messages must be a non-empty list of {role, content}")
-    clean: list[dict[str, str]] = []
+    clean: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise InvalidRequestError(f"message {i} is not an object")
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
             raise InvalidRequestError(f"message {i} has unknown role {role!r}")
+        if content is None and message.get("tool_calls"):
+            content = ""
         if not isinstance(content, str):
             raise InvalidRequestError(f"message {i} content must be a string")
-        clean.append({"role": role, "content": content})
+        item: dict[str, Any] = {"role": role, "content": content}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if message.get(key) is not None:
+                item[key] = message[key]
+        clean.append(item)
 
     from jinja2 import TemplateError
 
@@ -129,6 +137,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            **({"tools": list(tools)} if tools else {}),
         )
         return _joined(chunks, max_chars)
     except (TemplateError, RecursionError, MemoryError, OverflowError, _Runaway) as exc:

@@ -182,7 +182,9 @@ async def _serve(
         event = await job.events.get()
         if req.stream and event[0] == "delta":
             watcher.cancel()  # from here on the SSE response watches the connection
-            return EventSourceResponse(_sse(job, event, env, req.include_usage), sep="\n", ping=15)
+            gate = out.ContentGate() if req.config.tool_mode != "none" else None
+            sse = _sse(job, event, env, req.include_usage, gate)
+            return EventSourceResponse(sse, sep="\n", ping=15)
         while event[0] == "delta" and event[1].result is None:
             event = await job.events.get()
     except BaseException:
@@ -199,7 +201,11 @@ async def _serve(
 
 
 async def _sse(
-    job: Job, first: tuple[str, Any], env: out.Envelope, include_usage: bool
+    job: Job,
+    first: tuple[str, Any],
+    env: out.Envelope,
+    include_usage: bool,
+    gate: out.ContentGate | None = None,
 ) -> AsyncIterator[str]:
     """The chunks of one streamed response. Cancelled by sse-starlette when the client goes away;
     the finally block then tells the worker to stop after the current step."""
@@ -215,14 +221,17 @@ async def _sse(
             if kind == "error":  # after the first event: the status line has gone already
                 yield json.dumps(_api_error(payload, env.chat).body())
                 return
+            text = payload.text if gate is None else gate.feed(payload.text)
             if payload.result is not None:
-                for chunk in out.final_chunks(env, payload.text, payload.result, include_usage):
+                if gate is not None:
+                    text += gate.rest(bool(payload.result.tool_calls))
+                for chunk in out.final_chunks(env, text, payload.result, include_usage):
                     yield json.dumps(chunk)
                 yield "[DONE]"
                 finished = True
                 return
-            if payload.text:
-                yield json.dumps(out.text_chunk(env, payload.text))
+            if text:
+                yield json.dumps(out.text_chunk(env, text))
             kind, payload = await job.events.get()
     finally:
         if not finished:

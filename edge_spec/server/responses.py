@@ -9,10 +9,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_spec.api import GenerationResult
+from edge_spec.constrain.tools import GEMMA, HERMES
+
+# Where a tool call can begin, in any family's format (constrain.tools).
+CALL_BEGINS = (HERMES.begin.strip(), GEMMA.begin.strip())
 
 # Ours -> OpenAI's: a stop string and an end-of-generation token both end the text naturally;
 # max_tokens and a full context both cut it.
-FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length", "context": "length"}
+FINISH_REASONS = {
+    "stop": "stop",
+    "eos": "stop",
+    "length": "length",
+    "context": "length",
+    "tool_calls": "tool_calls",
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,9 @@ def speculative_stats(result: GenerationResult) -> dict[str, Any]:
         "n_steps": s.n_steps,
         "tokens_per_step": s.tokens_per_step,
         "steps_by_source": dict(s.steps_by_source),
+        "accepted_by_source": dict(s.accepted_by_source),  # "grammar": its forced text
+        "constraint_s": s.constraint_s,  # grammar masks and checks (llguidance)
+        "constraint_complete": result.constraint_complete,
         "draft_mode": result.draft_mode,
         "draft_vocab": result.draft_vocab,  # "shared", "translated" or None
         "policy": result.policy,
@@ -67,9 +80,13 @@ def full_body(env: Envelope, result: GenerationResult) -> dict[str, Any]:
     """A non-streaming response."""
     finish = FINISH_REASONS[result.finish_reason]
     if env.chat:
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if result.tool_calls:
+            message["content"] = result.content
+            message["tool_calls"] = [call.to_dict() for call in result.tool_calls]
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": result.text},
+            "message": message,
             "logprobs": None,
             "finish_reason": finish,
         }
@@ -95,15 +112,61 @@ def text_chunk(env: Envelope, text: str) -> dict[str, Any]:
 
 
 def final_chunks(env: Envelope, tail: str, result: GenerationResult, include_usage: bool) -> list:
-    """The chunk with finish_reason (and our stats), then the usage chunk if it was asked for."""
+    """The tool calls' chunk, if the answer made calls; the chunk with finish_reason (and our
+    stats); then the usage chunk if it was asked for."""
+    calls = []
+    if result.tool_calls:
+        deltas = [{"index": i, **call.to_dict()} for i, call in enumerate(result.tool_calls)]
+        choice = {"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None}
+        calls.append({**env.head(True), "choices": [{**choice, "finish_reason": None}]})
+        tail = ""
     last = {
         **env.head(True),
         "choices": [_choice(env, tail, FINISH_REASONS[result.finish_reason])],
         "edge_spec": speculative_stats(result),
     }
     if not include_usage:
-        return [last]
-    return [last, {**env.head(True), "choices": [], "usage": usage(result)}]
+        return [*calls, last]
+    return [*calls, last, {**env.head(True), "choices": [], "usage": usage(result)}]
+
+
+class ContentGate:
+    """Streams an answer's text outside tool calls: what comes before a call goes out as it is
+    verified; from where a call could begin (an opening of any family's call format, or the
+    start of one at the end of the text so far) the text is held until the answer ends, when
+    the calls go out as tool_calls (or the held text as content, if it was no call)."""
+
+    def __init__(self, call_begins: tuple[str, ...] = CALL_BEGINS) -> None:
+        self.begins = call_begins
+        self.text = ""
+        self.sent = 0
+        self.holding = False
+
+    def feed(self, text: str) -> str:
+        """What of the text so far may go out now."""
+        self.text += text
+        if self.holding:
+            return ""
+        starts = [at for at in (self.text.find(b, self.sent) for b in self.begins) if at >= 0]
+        if starts:
+            self.holding = True
+            end = min(starts)
+        else:
+            end = len(self.text) - max(_partial_suffix(self.text, b) for b in self.begins)
+        out, self.sent = self.text[self.sent : end], max(end, self.sent)
+        return out
+
+    def rest(self, made_calls: bool) -> str:
+        """At the end: the held text, unless it became calls."""
+        return "" if made_calls else self.text[self.sent :]
+
+
+def _partial_suffix(text: str, begin: str) -> int:
+    """The length of the longest end of `text` that `begin` starts with."""
+    for n in range(min(len(begin) - 1, len(text)), 0, -1):
+        if begin.startswith(text[-n:]):
+            return n
+    return 0
 
 
 def _choice(env: Envelope, text: str, finish: str | None, role: bool = False) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edge_spec.api import GenerationConfig
+from edge_spec.constrain.spec import Constraint, parse_tool_choice, parse_tools
 from edge_spec.errors import InvalidRequestError
 from edge_spec.models.templates import ROLES
 from edge_spec.sampling.transform import SamplingParams
@@ -26,13 +27,13 @@ _COMMON = frozenset(
     + ("n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
     + ("prompt_cache_key",)  # OpenAI's: requests sharing one share an n-gram session here
     + ("top_k", "min_p", "speculative", "draft_mode")  # extensions
+    + ("response_format", "grammar", "json_schema")  # structured output (the last two: llama.cpp's)
 )
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT = _COMMON | {
     "messages",
     "max_completion_tokens",
     "top_logprobs",
-    "response_format",
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -53,11 +54,8 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "functions": (None, []),
-    "tool_choice": (None, "none"),
+    "functions": (None, []),  # the deprecated forms of tools and tool_choice
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -111,7 +109,7 @@ class RequestLimits:
 class ParsedRequest:
     model: str
     prompt: str | None  # /v1/completions
-    messages: tuple[dict[str, str], ...] | None  # /v1/chat/completions
+    messages: tuple[dict[str, Any], ...] | None  # /v1/chat/completions
     config: GenerationConfig
     stream: bool
     include_usage: bool
@@ -163,20 +161,64 @@ def _check_fields(body: object, allowed: frozenset[str]) -> dict[str, Any]:
     return dict(body)
 
 
-def _message(i: int, message: object) -> dict[str, str]:
+def _message(i: int, message: object) -> dict[str, Any]:
+    """A message of text; an assistant's may carry tool_calls (its content then may be null),
+    a tool's result its tool_call_id."""
     param = f"messages[{i}]"
     if not isinstance(message, Mapping):
         raise bad(f"{param} must be an object", param)
     role, content = message.get("role"), message.get("content")
     if role not in ROLES:
         raise bad(f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}", param)
+    allowed = {"role", "content", "name"}
+    allowed |= {"tool_calls", "refusal"} if role == "assistant" else set()
+    allowed |= {"tool_call_id"} if role == "tool" else set()
+    unknown = sorted(set(message) - allowed)
+    if unknown:
+        raise bad(f"{param} has unknown field {unknown[0]!r}", param)
     if isinstance(content, list):  # content parts: only text is understood
         if not all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
             raise bad(f"{param}.content: only text parts are supported", param)
         content = "".join(str(p.get("text", "")) for p in content)
+    calls = message.get("tool_calls")
+    if content is None and role == "assistant" and calls:
+        content = ""
     if not isinstance(content, str):
         raise bad(f"{param}.content must be a string", param)
-    return {"role": str(role), "content": content}
+    out: dict[str, Any] = {"role": str(role), "content": content}
+    if calls is not None:
+        out["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
+    if role == "tool" and message.get("tool_call_id") is not None:
+        if not isinstance(message["tool_call_id"], str):
+            raise bad(f"{param}.tool_call_id must be a string", param)
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
+
+
+def _tool_calls(value: object, param: str) -> list[dict[str, Any]]:
+    """An assistant's earlier calls, as OpenAI sends them back: [{id, type, function: {name,
+    arguments (JSON text)}}]."""
+    if not isinstance(value, list):
+        raise bad(f"{param} must be an array", param)
+    calls = []
+    for j, call in enumerate(value):
+        where = f"{param}[{j}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise bad(
+                f"{where} must be {{id, type: function, function: {{name, arguments}}}}", where
+            )
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise bad(f"{where}.function.arguments must be a JSON string", where)
+        calls.append(
+            {
+                "id": str(call.get("id", "")),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return calls
 
 
 def _parsed(
@@ -218,11 +260,36 @@ def _parsed(
             draft_mode=_draft_mode(fields, limits),
             sampling=sampling,
             session=_session(fields),
+            **_structured(fields),
         )
     except InvalidRequestError as exc:  # the library's own range checks; they name the field
-        name = str(exc).split(" ", 1)[0]
+        name = str(exc).split(" ", 1)[0].strip("'")
+        name = next((f for f in fields if name.startswith(f)), name)
         raise bad(str(exc), name if name in fields else None) from exc
     return ParsedRequest(fields["model"], prompt, messages, config, stream, include_usage)
+
+
+def _structured(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's structured output as config fields: OpenAI's response_format, or
+    llama.cpp's grammar (GBNF) or json_schema; tools, tool_choice and parallel_tool_calls.
+    Raises InvalidRequestError naming what is wrong."""
+    given = [f for f in ("response_format", "grammar", "json_schema") if fields.get(f) is not None]
+    if len(given) > 1:
+        raise InvalidRequestError(f"'{given[0]}' and '{given[1]}': give one")
+    constraint = None
+    if fields.get("response_format") is not None:
+        constraint = Constraint.from_response_format(fields["response_format"])
+    elif fields.get("grammar") is not None:
+        constraint = Constraint.grammar(fields["grammar"], "gbnf")
+    elif fields.get("json_schema") is not None:
+        constraint = Constraint.json_schema(fields["json_schema"])
+    tools = parse_tools(fields.get("tools"))
+    return {
+        "constraint": constraint,
+        "tools": tools,
+        "tool_choice": parse_tool_choice(fields.get("tool_choice"), tools),
+        "parallel_tool_calls": _bool(fields, "parallel_tool_calls", True),
+    }
 
 
 def _draft_mode(fields: dict[str, Any], limits: RequestLimits) -> Any:
