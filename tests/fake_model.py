@@ -257,3 +257,59 @@ class _CheckedHead(HeadDraft):
 def _read_only(values: np.ndarray) -> np.ndarray:
     values.flags.writeable = False
     return values
+
+
+class ScriptedConstraint:
+    """A grammar over the fake vocabulary, for the decode loop's constraint seam
+    (decode.constraint.StepConstraint): after any token t the next may only be one of
+    RULES[t]; token 1 is always followed by 2, then 0 (forced text, two tokens long)."""
+
+    RULES = {0: {0, 1, 2, 3}, 1: {2}, 2: {0}, 3: {1, 3, 4}, 4: {0, 3}}
+
+    def __init__(self, last: int) -> None:
+        self.tokens = [last]
+        self.mask_s = 0.0
+
+    def allowed(self) -> set[int]:
+        return self.RULES[self.tokens[-1]]
+
+    def forced(self, limit: int) -> list[int]:
+        out: list[int] = []
+        state = self.tokens[-1]
+        while len(out) < limit and len(self.RULES[state]) == 1:
+            (state,) = self.RULES[state]
+            out.append(state)
+        return out
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        state, n = self.tokens[-1], 0
+        for token in tokens:
+            if token not in self.RULES[state]:
+                break
+            state, n = token, n + 1
+        return n
+
+    def allows(self, token: int) -> bool:
+        return token in self.allowed()
+
+    def mask(self, row: np.ndarray) -> None:
+        for token in range(row.shape[-1]):
+            if token not in self.allowed():
+                row[token] = -np.inf
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            assert token in self.allowed(), (self.tokens, token)
+            self.tokens.append(int(token))
+
+    def rollback(self, n: int) -> None:
+        del self.tokens[len(self.tokens) - n :]
+
+    def masked_probs(self, model: FakeModel, context: Sequence[int], params) -> np.ndarray:
+        """The constrained target's next-token distribution after context (context's last
+        token decides what is allowed)."""
+        logits = np.array(model.logits(context), dtype=np.float64)
+        for token in range(model.n_vocab):
+            if token not in self.RULES[int(context[-1])]:
+                logits[token] = -np.inf
+        return probs_from_logits(logits.astype(np.float32), params)

@@ -997,3 +997,120 @@ def test_the_server_still_serves_after_the_fuzzing(server: LiveServer) -> None:
         .completions.create(model=MODEL_ALIAS, prompt="Hi", max_tokens=2, temperature=0)
         .choices
     )
+
+
+# ---- structured output and tool calls through the official openai client --------------------
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@models
+def test_schema_answers_are_valid_and_the_same_with_speculation_on_and_off(
+    server: LiveServer,
+) -> None:
+    import jsonschema
+
+    client = server.client()
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+    for card in ("Bob is 41 years old.", "Chen Wei, aged 45, manages the Shenzhen office."):
+        texts = []
+        for speculative in (True, False):
+            done = client.chat.completions.create(
+                model=MODEL_ALIAS,
+                messages=[{"role": "user", "content": f"Extract the person as JSON: {card}"}],
+                response_format=fmt,
+                temperature=0,
+                max_tokens=48,
+                extra_body={"speculative": speculative},
+            )
+            texts.append(done.choices[0].message.content)
+            jsonschema.validate(json.loads(texts[-1]), PERSON_SCHEMA)
+            stats = done.model_extra["edge_spec"]
+            assert stats["constraint_complete"] is True
+        assert texts[0] == texts[1]
+        assert stats["accepted_by_source"] == {}  # speculation off: nothing drafted
+
+
+@models
+def test_tool_calls_round_trip_through_the_openai_client(server: LiveServer) -> None:
+    """A required call comes back as message.tool_calls (finish_reason tool_calls), streamed
+    as tool_call deltas the client assembles; its result as a tool message gets an answer."""
+    client = server.client()
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    options = dict(tools=[WEATHER_TOOL], temperature=0, max_tokens=48, parallel_tool_calls=False)
+    done = client.chat.completions.create(
+        model=MODEL_ALIAS, messages=ask, tool_choice="required", **options
+    )
+    message = done.choices[0].message
+    assert done.choices[0].finish_reason == "tool_calls" and message.tool_calls
+    call = message.tool_calls[0]
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_ALIAS, messages=ask, tool_choice=named, stream=True, **options
+        )
+    )
+    streamed = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in streamed] == ["get_weather"]
+    assert streamed[0].function.arguments == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    history = [
+        *ask,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21, "sky": "sunny"}'},
+    ]
+    answer = client.chat.completions.create(model=MODEL_ALIAS, messages=history, **options)
+    assert answer.choices[0].finish_reason in ("stop", "tool_calls", "length")
+
+
+@models
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+            "schema",
+        ),  # noqa: E501
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "x"}},
+            },
+            "tool_choice",
+        ),  # noqa: E501
+        ({"grammar": "root ::= ("}, "grammar"),
+        ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
+def test_bad_schemas_grammars_and_tools_get_a_400_naming_them(
+    server: LiveServer, extra: dict, named: str
+) -> None:
+    body = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "hi"}], **extra}
+    response = httpx.post(
+        server.url + "/v1/chat/completions", json=body, headers=server.headers(), timeout=60
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert named in (error["param"] or "") + error["message"].replace("JSON schema", "schema")

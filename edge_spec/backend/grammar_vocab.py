@@ -6,6 +6,7 @@ request, and kept."""
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp
@@ -29,6 +30,8 @@ def grammar_tokenizer(model: LlamaModel) -> Any:
         vocab = model._vocab
         ends = [int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))]
         ends = sorted({t for t in ends if 0 <= t < model.n_vocab})
-        tokenizer = lltokenizer_from_vocab(vocab, n_vocab=model.n_vocab, eos_token=ends or None)
+        with warnings.catch_warnings():  # the bridge calls a llama_cpp function it deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tokenizer = lltokenizer_from_vocab(vocab, n_vocab=model.n_vocab, eos_token=ends or None)
         model._grammar_tokenizer = tokenizer
         return tokenizer

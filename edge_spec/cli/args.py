@@ -5,8 +5,11 @@ flags into an EngineConfig and a GenerationConfig."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, NoReturn
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from edge_spec.errors import InvalidRequestError
 from edge_spec.modes import DRAFT_MODES
 from edge_spec.policy.types import DEFAULT_K_MAX
 
@@ -128,6 +131,34 @@ def add_sampling_arguments(
     parser.add_argument("--seed", type=int, default=None, help="the same seed, the same text")
 
 
+def add_structured_arguments(parser: argparse.ArgumentParser) -> None:
+    """Structured output: --json-schema, --grammar, --tools and --tool-choice."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="answer with JSON valid under this JSON schema (a file)",
+    )
+    group.add_argument(
+        "--grammar",
+        metavar="FILE",
+        help="answer in this grammar: GBNF (llama.cpp's, a .gbnf file or one with '::='), "
+        "else a Lark grammar (llguidance's, 'start:' first)",
+    )
+    parser.add_argument(
+        "--tools",
+        metavar="FILE",
+        help="tools the model may call: a JSON file of OpenAI function tools",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        default=None,
+        metavar="auto|required|none|NAME",
+        help="with --tools: auto (default: text or calls), required (at least one call), "
+        "none, or a function's name (a call of it)",
+    )
+
+
 def rpc_servers(args: argparse.Namespace) -> tuple[str, ...]:
     """--rpc as EngineConfig.rpc_servers (validated there)."""
     text = getattr(args, "rpc", None)
@@ -157,7 +188,8 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
     from edge_spec.api.config import GenerationConfig
     from edge_spec.sampling import SamplingParams
 
-    return GenerationConfig(
+    return GenerationConfig.from_kwargs(
+        None,
         max_tokens=args.max_tokens,
         k=args.k,
         k_max=args.k_max,
@@ -171,4 +203,43 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
             min_p=args.min_p,
             seed=args.seed,
         ),
+        **structured_options(args),
     )
+
+
+def structured_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--json-schema, --grammar, --tools and --tool-choice as GenerationConfig options (files
+    read and checked here: a missing file or bad JSON is one line, exit 2)."""
+    from edge_spec.constrain.spec import Constraint
+
+    out: dict[str, Any] = {}
+    if getattr(args, "json_schema", None):
+        out["json_schema"] = _json_file(args.json_schema, "--json-schema")
+    if getattr(args, "grammar", None):
+        text = _text_file(args.grammar, "--grammar")
+        kind = "gbnf" if args.grammar.endswith(".gbnf") or "::=" in text else "lark"
+        out["grammar"] = Constraint.grammar(text, kind)
+    if getattr(args, "tools", None):
+        out["tools"] = _json_file(args.tools, "--tools")
+    choice = getattr(args, "tool_choice", None)
+    if choice is not None:
+        if not out.get("tools"):
+            raise InvalidRequestError("--tool-choice needs --tools")
+        if choice not in ("auto", "required", "none"):
+            choice = {"type": "function", "function": {"name": choice}}
+        out["tool_choice"] = choice
+    return out
+
+
+def _text_file(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"{flag}: cannot read {path}: {exc}") from None
+
+
+def _json_file(path: str, flag: str) -> Any:
+    try:
+        return json.loads(_text_file(path, flag))
+    except ValueError as exc:
+        raise InvalidRequestError(f"{flag}: {path} is not valid JSON: {exc}") from None

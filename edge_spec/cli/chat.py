@@ -28,6 +28,7 @@ from edge_spec.cli.args import (
     add_model_arguments,
     add_policy_arguments,
     add_sampling_arguments,
+    add_structured_arguments,
     add_subcommand,
     engine_config,
     generation_config,
@@ -57,6 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     chat.add_argument("--max-tokens", "-n", type=int, default=DEFAULT_MAX_TOKENS)
     # llama.cpp's sampling defaults: what a chat user of llama-cli gets.
     add_sampling_arguments(chat, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    add_structured_arguments(chat)
     chat.add_argument("--no-color", action="store_true", help="never colour the output")
 
 
@@ -208,13 +210,16 @@ class ChatSession:
             ]
         )
 
-    def turn(self, text: str) -> None:
-        """One exchange. Ctrl-C anywhere in it (fitting the history included) stops it between
-        two decode steps, so the engine and both KV caches stay consistent."""
+    def turn(self, text: str | None) -> None:
+        """One exchange (text None: the answer after tool results). Ctrl-C anywhere in it
+        (fitting the history included) stops it between two decode steps, so the engine and
+        both KV caches stay consistent. An answer that calls tools asks for each call's
+        result, then goes on."""
         pieces: list[str] = []
         result = None
         with _sigint_flag() as interrupted:
-            messages = self._fit([*self.history, {"role": "user", "content": text}])
+            asked = [] if text is None else [{"role": "user", "content": text}]
+            messages = self._fit([*self.history, *asked])
             if messages is None:
                 return
             if interrupted():
@@ -239,7 +244,14 @@ class ChatSession:
         if result is None and not answer:
             self.term.notice("stopped before the answer began")
             return
-        self.history = [*messages[len(self.system) :], {"role": "assistant", "content": answer}]
+        reply: dict[str, Any] = {"role": "assistant", "content": answer}
+        if result is not None and result.tool_calls:
+            reply = {
+                "role": "assistant",
+                "content": result.content or "",
+                "tool_calls": [call.to_dict() for call in result.tool_calls],
+            }
+        self.history = [*messages[len(self.system) :], reply]
         if result is None:
             self.term.notice(
                 f"stopped; the partial answer ({len(''.join(pieces))} characters) is kept"
@@ -248,6 +260,24 @@ class ChatSession:
         self.totals.add(result.stats)
         self.n_prompt = result.stats.n_prompt_tokens
         self.term.summary(_turn_summary(result))
+        if result.tool_calls:
+            self._tool_results(result.tool_calls)
+
+    def _tool_results(self, calls: Any) -> None:
+        """Each call's result, typed by the user (this terminal runs no tools), then the
+        model's next answer. Ctrl-D or an empty line skips the rest."""
+        for call in calls:
+            self.term.notice(f"tool call {call.name} {call.arguments}")
+            try:
+                value = input("tool result> ")
+            except (EOFError, KeyboardInterrupt):
+                self.term.line()
+                value = ""
+            if not value.strip():
+                self.term.notice("no result given: the conversation waits for your message")
+                return
+            self.history.append({"role": "tool", "tool_call_id": call.id, "content": value})
+        self.turn(None)
 
     def _fit(self, turns: list[dict[str, str]]) -> list[dict[str, str]] | None:
         """The system message and the most recent turns that fit the context with room for an
@@ -258,7 +288,8 @@ class ChatSession:
         dropped = 0
         while True:
             messages = [*self.system, *turns]
-            n_prompt = len(self.spec.tokenize(self.spec.render_chat(messages)))
+            prompt = self.spec.render_chat(messages, self.config.tools)
+            n_prompt = len(self.spec.tokenize(prompt))
             if n_prompt + room <= n_ctx or (len(turns) == 1 and n_prompt < n_ctx - 16):
                 break
             if len(turns) == 1:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from edge_spec.cli.args import (
     add_engine_arguments,
     add_model_arguments,
     add_policy_arguments,
     add_sampling_arguments,
+    add_structured_arguments,
     add_subcommand,
     engine_config,
     generation_config,
@@ -42,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--max-tokens", "-n", type=int, default=128)
     add_sampling_arguments(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_structured_arguments(gen)
     add_engine_arguments(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     config = generation_config(args)
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
         if args.chat:
-            prompt = spec.render_chat([{"role": "user", "content": prompt}])
+            prompt = spec.render_chat([{"role": "user", "content": prompt}], config.tools)
         if args.json:
             result = spec.generate(prompt, config)
             print(json.dumps(result.to_dict(), indent=2))
@@ -120,5 +123,20 @@ def summary(result: object) -> str:
             f"first token {s.time_to_first_token_s * 1e3:.0f} ms",
             f"time: prefill {s.prefill_s:.3f}s, draft {s.draft_s:.3f}s, verify {s.verify_s:.3f}s, "
             f"other {s.other_s:.3f}s",
+            *_structured_lines(result),
         ]
     )
+
+
+def _structured_lines(result: Any) -> list[str]:
+    """What a constrained answer adds: its tool calls, and the grammar's state and cost."""
+    lines = [f"tool call: {c.name} {c.arguments}" for c in result.tool_calls]
+    if result.constraint_complete is not None:
+        s = result.stats
+        per_token_ms = 1e3 * s.constraint_s / max(s.n_generated, 1)
+        forced = s.accepted_by_source.get("grammar", 0)
+        lines.append(
+            f"grammar: {'complete' if result.constraint_complete else 'INCOMPLETE (cut short)'}"
+            f", {forced} forced tokens accepted, masks {per_token_ms:.3f} ms per token"
+        )
+    return lines

@@ -151,7 +151,7 @@ def verify_constrained(
     has advanced by the verdict's tokens.
 
     Requires: the constraint in the state after the context, and every draft token's path
-    allowed by it; target_logits as verify_tree requires (rows are masked in place).
+    allowed by it; target_logits as verify_tree requires (never written).
     """
     tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
     chain = not parents
@@ -163,9 +163,11 @@ def verify_constrained(
         if params.greedy:
             chosen = argmax(row)
             if not constraint.allows(chosen):
+                row = row.copy()  # the caller's rows stay as the target gave them
                 constraint.mask(row)
                 chosen = argmax(row)
         else:
+            row = row.copy()
             constraint.mask(row)
             chosen = keys.draw(row, params, first_position + len(path))[0]
         constraint.advance([chosen])
