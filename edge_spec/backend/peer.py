@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -85,6 +87,8 @@ class PromptLookupPeer:
         num_pred_tokens: int | None = None,
         max_ngram_size: int | None = None,
         keep_prefix: bool = False,
+        grammar: str | None = None,
+        lookup: bool = True,
     ) -> PeerGeneration:
         """Greedy at temperature 0; otherwise its sampler with only the temperature on. The
         lookup settings may change per call (one Llama serves every setting of a sweep: with
@@ -93,7 +97,11 @@ class PromptLookupPeer:
         By default the prompt is evaluated from scratch and timed apart from the decode. With
         keep_prefix, as llama-cpp-python's own server serves a conversation, `Llama.generate`
         reuses the longest prefix it still holds from the previous call and evaluates the rest
-        with its first draft; prefill_s is then the time to the first token."""
+        with its first draft; prefill_s is then the time to the first token.
+
+        grammar: a GBNF grammar the answer must match (llama-cpp-python's LlamaGrammar, as its
+        response_format with a schema uses it). lookup False: no prompt lookup, its plain
+        decoding (the same loaded model)."""
         ids = [int(t) for t in prompt_ids]
         if not ids or len(ids) + max_tokens > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} + {max_tokens} tokens exceed {self.n_ctx}")
@@ -111,8 +119,16 @@ class PromptLookupPeer:
         t1 = time.perf_counter()
         out: list[int] = []
         finish = "length"
+        constraint = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False) if grammar else None
+        llm.draft_model = self._draft if lookup else None
         sampler = llm.generate(
-            ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0
+            ids,
+            temp=temperature,
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            repeat_penalty=1.0,
+            grammar=constraint,
         )
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         for token in sampler:
@@ -125,6 +141,7 @@ class PromptLookupPeer:
             if len(out) >= max_tokens:
                 break
         sampler.close()
+        llm.draft_model = self._draft
         decode_s = time.perf_counter() - t1
         # Each draft call follows a pass that produced accepted drafts + 1 token; the first
         # token came from the prompt's pass.
@@ -138,3 +155,33 @@ class PromptLookupPeer:
 
     def close(self) -> None:
         self._llm.close()
+
+
+def gbnf_of(options: Mapping[str, Any], call: Any) -> str | None:
+    """The GBNF of a structured request, for llama-cpp-python: its response_format's JSON
+    schema through llama-cpp-python's own converter (what its response_format does), or a
+    call of one of its tools in the family's call format (call: a constrain.tools.CallFormat);
+    None for free text."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    fmt = options.get("response_format")
+    if fmt is not None:
+        schema = (fmt.get("json_schema") or {}).get("schema") or fmt.get("schema") or {}
+        return json_schema_to_gbnf(json.dumps(schema or {"type": "object"}))
+    tools = options.get("tools")
+    if not tools:
+        return None
+    schemas = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["function"]["name"]},
+                "arguments": tool["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+        }
+        for tool in tools
+    ]
+    body = json_schema_to_gbnf(json.dumps({"anyOf": schemas} if len(schemas) > 1 else schemas[0]))
+    body = body.replace("root ::=", "call-body ::=")
+    return f"root ::= {json.dumps(call.begin)} call-body {json.dumps(call.end)}\n{body}"

@@ -185,10 +185,22 @@ class _Served:
     client: Any
     model: str
 
+    @property
+    def name(self) -> str:
+        return self.strategy.name
 
-def _ask(served: _Served, prompt: str | list[dict[str, str]], max_tokens: int, sampling: dict):
-    """One request; (completion tokens, text, finish reason, the server's statistics, wall)."""
+
+def _ask(
+    served: _Served,
+    prompt: str | list[dict[str, Any]],
+    max_tokens: int,
+    sampling: dict,
+    options: dict | None = None,
+):
+    """One request; (completion tokens, text, finish reason, the server's statistics, wall,
+    the answer's tool calls)."""
     t0 = time.perf_counter()
+    calls: list[Any] = []
     if isinstance(prompt, str):
         done = served.client.completions.create(
             model=served.model, prompt=prompt, max_tokens=max_tokens, **sampling
@@ -196,12 +208,32 @@ def _ask(served: _Served, prompt: str | list[dict[str, str]], max_tokens: int, s
         text = done.choices[0].text
     else:
         done = served.client.chat.completions.create(
-            model=served.model, messages=prompt, max_tokens=max_tokens, **sampling
+            model=served.model,
+            messages=prompt,
+            max_tokens=max_tokens,
+            **sampling,
+            **(options or {}),
         )
-        text = done.choices[0].message.content or ""
+        message = done.choices[0].message
+        text = message.content or ""
+        calls = list(message.tool_calls or ())
     wall_s = time.perf_counter() - t0
     stats = done.model_extra.get("edge_spec", {}) if done.model_extra else {}
-    return done.usage.completion_tokens, text, done.choices[0].finish_reason, stats, wall_s
+    return done.usage.completion_tokens, text, done.choices[0].finish_reason, stats, wall_s, calls
+
+
+def _structured_via_servers(served, tasks, max_tokens, repeats, seed, emit) -> list[Run]:
+    """The structured tasks (bench/structured.py) through each entry's server."""
+    from edge_spec.bench.structured import run_structured
+    from edge_spec.constrain.tools import ToolCall
+
+    def answer(s: _Served, prompt: Prompt, messages: list, options: dict, repeat: int):
+        got = _ask(s, messages, max_tokens, {"temperature": 0, "seed": seed}, options)
+        calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in got[5]]
+        run = _served_run(prompt, s.strategy.name, 0.0, repeat, got, 0)
+        return run, got[1] or None, calls
+
+    return run_structured(tasks, served, answer, repeats=repeats, on_run=emit)
 
 
 def _served_run(
@@ -209,7 +241,7 @@ def _served_run(
 ) -> Run:
     """A request seen from the client: its wall time is its decode time (prefill, HTTP and
     the queue included), so the summaries' ratios are end-to-end."""
-    n_tokens, _, finish, stats, wall_s = answer
+    n_tokens, _, finish, stats, wall_s, _ = answer
     return Run(
         prompt.id,
         prompt.category,
@@ -249,6 +281,7 @@ def run_via_server(
     repeats: int = 1,
     seed: int = 0,
     sessions: Sequence[Session] = (),
+    tasks: Sequence[Any] = (),
     on_run: Callable[[Run], None] | None = None,
 ) -> list[Run]:
     """Every entry behind an `edge-spec serve` of its own, all started first; each request
@@ -272,6 +305,8 @@ def run_via_server(
             if on_run is not None:
                 on_run(run)
 
+        if tasks:
+            return _structured_via_servers(served, tasks, max_tokens, repeats, seed, emit)
         n = 0
         for repeat in range(repeats):
             if sessions:

@@ -1,5 +1,7 @@
 """Peers in the bench, run on the same prompts and models as edge_spec's strategies.
 
+- `lcpp`: llama-cpp-python's plain decoding (the bench's structured category gives it the
+  request's grammar, as its response_format does).
 - `lcpp-lookup[-nNgG]`: llama-cpp-python's own prompt lookup, in this process
   (`Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size=G, num_pred_tokens=N))`;
   its defaults are N = 10, G = 2). It lives in edge_spec/backend/peer.py (the backend package is
@@ -22,7 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from edge_spec.backend import PromptLookupPeer
 
-PEER_PATTERN = re.compile(r"^(lcpp-lookup(?:-n(\d+)g(\d+))?|cpp-(lookup|speculative)(?:-k(\d+))?)$")
+PEER_PATTERN = re.compile(
+    r"^(lcpp|lcpp-lookup(?:-n(\d+)g(\d+))?|cpp-(lookup|speculative)(?:-k(\d+))?)$"
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,13 @@ class Peer(Protocol):
     name: str
 
     def run(
-        self, text: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int
+        self,
+        text: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        grammar: str | None = None,
     ) -> PeerResult: ...
 
     def close(self) -> None: ...
@@ -71,7 +81,7 @@ def make_peers(specs: list[str], setup: PeerSetup) -> list[Peer]:
         m = PEER_PATTERN.match(spec)
         if m is None:
             raise ValueError(f"unknown peer {spec!r}")
-        if spec.startswith("lcpp-"):
+        if spec == "lcpp" or spec.startswith("lcpp-"):
             if shared is None:
                 from edge_spec.backend import PromptLookupPeer
 
@@ -79,7 +89,7 @@ def make_peers(specs: list[str], setup: PeerSetup) -> list[Peer]:
                     setup.target_path, n_ctx=setup.n_ctx, n_threads=setup.n_threads
                 )
             n_pred, n_gram = (int(m[2]), int(m[3])) if m[2] else (10, 2)
-            peers.append(LlamaCppPythonLookup(spec, shared, n_pred, n_gram))
+            peers.append(LlamaCppPythonLookup(spec, shared, n_pred, n_gram, lookup=spec != "lcpp"))
         else:
             kind = m[4]
             k = int(m[5]) if m[5] else 3
@@ -89,15 +99,27 @@ def make_peers(specs: list[str], setup: PeerSetup) -> list[Peer]:
 
 class LlamaCppPythonLookup:
     def __init__(
-        self, name: str, peer: PromptLookupPeer, num_pred_tokens: int, max_ngram: int
+        self,
+        name: str,
+        peer: PromptLookupPeer,
+        num_pred_tokens: int,
+        max_ngram: int,
+        lookup: bool = True,
     ) -> None:
         self.name = name
         self._peer = peer
         self.num_pred_tokens = num_pred_tokens
         self.max_ngram = max_ngram
+        self.lookup = lookup  # False: llama-cpp-python's plain decoding ("lcpp")
 
     def run(
-        self, text: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int
+        self,
+        text: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        grammar: str | None = None,
     ) -> PeerResult:
         gen = self._peer.generate(
             prompt_ids,
@@ -106,6 +128,8 @@ class LlamaCppPythonLookup:
             seed,
             num_pred_tokens=self.num_pred_tokens,
             max_ngram_size=self.max_ngram,
+            grammar=grammar,
+            lookup=self.lookup,
         )
         return PeerResult(
             token_ids=gen.token_ids,
@@ -136,9 +160,18 @@ class CppExample:
         self.bin_dir = find_bin_dir(setup.cpp_bin_dir)
 
     def run(
-        self, text: str, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int
+        self,
+        text: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        grammar: str | None = None,
     ) -> PeerResult:
         from edge_spec.bench.cpp_peers import run_cpp_peer
+
+        if grammar is not None:
+            raise ValueError(f"{self.name} takes no grammar here: not in the structured bench")
 
         s = self.setup
         result = run_cpp_peer(

@@ -66,6 +66,9 @@ def write_results(
         + ", decode tokens/s over the target alone's; the noise floor is the target alone "
         "run again (`none`), interleaved like every entry:\n\n" + prompt_table(per_prompt)
     )
+    grammar = _grammar_lines(runs)
+    if grammar:
+        tables.append(grammar)
     walls = _wall_ratios(runs)
     if walls:
         tables.append(
@@ -94,3 +97,28 @@ def _wall_ratios(runs: Sequence[Run]) -> dict[str, float]:
     if not base:
         return {}
     return {name: base / wall for name, wall in totals.items() if name != "target" and wall > 0}
+
+
+def _grammar_lines(runs: Sequence[Run]) -> str:
+    """Per entry under a grammar: the share of its tokens that were the grammar's forced text,
+    drafted and accepted, and what the grammar's masks cost per token."""
+    totals: dict[str, list[float]] = {}
+    for run in runs:
+        if run.constraint_s > 0:
+            row = totals.setdefault(run.strategy, [0, 0, 0.0])
+            row[0] += run.n_forced_accepted
+            row[1] += run.n_generated
+            row[2] += run.constraint_s
+    if not totals:
+        return ""
+    lines = [
+        "Under the grammar: the share of generated tokens that were its forced text (drafted "
+        "and accepted), and its masks' cost per generated token:\n",
+        "| entry | forced share | mask ms/token |",
+        "|---|---|---|",
+    ]
+    for name, (forced, generated, seconds) in sorted(totals.items()):
+        share = forced / generated if generated else 0.0
+        per_token_ms = 1e3 * seconds / generated if generated else 0.0
+        lines.append(f"| {name} | {share:.2f} | {per_token_ms:.3f} |")
+    return "\n".join(lines)

@@ -122,6 +122,9 @@ class Run:
     # Measured outside the engine (bench/outside.py): the whole process or request, from the
     # caller's side. 0 in-process.
     wall_s: float = 0.0
+    # Under a grammar: its forced text's accepted tokens, and the time its masks took.
+    n_forced_accepted: int = 0
+    constraint_s: float = 0.0
 
     @classmethod
     def of(
@@ -184,6 +187,8 @@ class Run:
             s.n_tree_steps,
             s.n_branch_accepted,
             wall_s,
+            s.accepted_by_source.get("grammar", 0),
+            s.constraint_s,
         )
 
     @classmethod

@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--repeats", type=int, default=1)
     bench.add_argument("--chat", action="store_true", help="use the chat form of the prompts")
     bench.add_argument(
+        "--structured",
+        action="store_true",
+        help="the structured tasks instead of the prompts: extraction to JSON schemas and "
+        "tool-calling agent loops, T = 0 (--categories: extraction, tool_loop; peers: lcpp, "
+        "lcpp-lookup[-nNgG] get the same grammar as GBNF)",
+    )
+    bench.add_argument(
         "--agentic",
         action="store_true",
         help="the agentic sessions instead of the prompts: multi-turn, the full history in "
@@ -102,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from edge_spec.prompts import load_prompts
 
     if args.max_tokens is None:
-        args.max_tokens = 384 if args.agentic else 64
+        args.max_tokens = 384 if args.agentic else 256 if args.structured else 64
     if args.ctx_size is None:
         args.ctx_size = 4096 if args.agentic else 2048
     outside = args.fresh_processes or args.via_server
@@ -120,7 +127,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--agentic runs in this process or --via-server")
         sessions = []
         prompts = []
-        if args.agentic:
+        tasks = []
+        if args.structured:
+            from edge_spec.bench.structured import load_tasks
+
+            if args.agentic or args.fresh_processes or args.temperatures != [0.0]:
+                raise ValueError("--structured runs at T = 0, in this process or --via-server")
+            tasks = load_tasks(args.categories)
+        elif args.agentic:
             unknown = sorted(set(args.categories or ()) - set(SCENARIOS))
             if unknown:
                 raise ValueError(f"unknown scenarios {unknown}; known: {list(SCENARIOS)}")
@@ -142,11 +156,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(str(exc)) from exc
     if args.max_tokens < 1 or args.repeats < 1:
         raise InvalidRequestError("--max-tokens and --repeats must be >= 1")
-    # --chat or --agentic without a target: the chat pair (the default pair's has no template).
-    chat = args.chat or args.agentic
+    # --chat, --agentic or --structured without a target: the chat pair (the default pair's
+    # has no template).
+    chat = args.chat or args.agentic or args.structured
     target, draft = choose_pair(args.target, args.draft, chat=chat)
     n_entries = len(plan_entries(strategies, [])) + len(peer_names)
-    n_requests_total = n_requests(sessions) if args.agentic else len(prompts)
+    n_requests_total = n_requests(sessions) if args.agentic else len(prompts) + len(tasks)
     n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries
     bar = tqdm(total=n_total, desc="bench", unit="run", disable=args.no_progress or None)
     common = dict(
@@ -178,12 +193,13 @@ def run(args: argparse.Namespace) -> int:
                 chat=chat,
                 temperatures=args.temperatures,
                 sessions=sessions,
+                tasks=tasks,
                 **common,
             )
         target_path, draft_path = setup.target, setup.draft
     else:
         runs, costs, target_path, draft_path = _in_process(
-            args, target, draft, strategies, peer_names, prompts, sessions, common
+            args, target, draft, strategies, peer_names, prompts, sessions, tasks, common
         )
     bar.close()
     text, files = write_results(
@@ -204,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, common):
+def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, tasks, common):
     """The bench in this process: one EdgeSpec, every entry on it (the peers beside it)."""
     from edge_spec.api import EdgeSpec, EngineConfig
     from edge_spec.bench.agentic import run_agentic
@@ -227,7 +243,11 @@ def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, 
         )
         peers = make_peers(peer_names, setup)
         try:
-            if args.agentic:
+            if args.structured:
+                from edge_spec.bench.structured import run_structured_in_process
+
+                runs = run_structured_in_process(spec, tasks, strategies, peers=peers, **common)
+            elif args.agentic:
                 runs = run_agentic(spec, sessions, strategies, peers=peers, **common)
             else:
                 runs = run_bench(
