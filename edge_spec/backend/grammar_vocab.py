@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
+from edge_spec.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from edge_spec.backend.model import LlamaModel
 
@@ -25,6 +27,8 @@ def grammar_tokenizer(model: LlamaModel) -> Any:
         cached = getattr(model, "_grammar_tokenizer", None)
         if cached is not None:
             return cached
+        if model._model is None:
+            raise InvalidRequestError("the model is closed")
         from llguidance.llamacpp import lltokenizer_from_vocab
 
         vocab = model._vocab

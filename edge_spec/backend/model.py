@@ -216,6 +216,8 @@ class LlamaModel:
         return call_guarded(fn, *args)
 
     def close(self) -> None:
+        # llguidance's tokenizer calls into this model's vocabulary: never past its life.
+        self._grammar_tokenizer = None
         if getattr(self, "_rpc", False):
             from edge_spec.backend.rpc import lost
 
