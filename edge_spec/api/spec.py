@@ -250,6 +250,9 @@ class EdgeSpec:
                     spans = text.take_ready_spans()
                     yield TextDelta(_join(spans), tuple(new_ids), spans=tuple(spans))
                     new_ids = []
+            except Exception:
+                self._recover()
+                raise
             finally:
                 steps.close()
             if finish is None:  # the loop ran out: max_tokens reached or the context is full
@@ -280,6 +283,25 @@ class EdgeSpec:
                 constraint_complete=constraint.complete if constraint is not None else None,
             )
             yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
+
+    def _recover(self) -> None:
+        """After a request failed mid-step (a decode, a tree, a draw, the text): the models'
+        caches may hold what the failed step left, so they are emptied and the next request
+        prefills from scratch, as a fresh process would."""
+        log.warning("a request failed mid-generation: the models' caches are reset")
+        for model in (self.target, self.draft):
+            if model is not None:
+                try:
+                    model.reset()
+                except Exception:  # noqa: BLE001 - the original error is the one to report
+                    log.debug("resetting %s failed too", model.path, exc_info=True)
+        for source in self._sources.values():
+            reset = getattr(source, "reset", None)
+            if reset is not None:
+                try:
+                    reset()
+                except Exception:  # noqa: BLE001
+                    log.debug("resetting a draft source failed too", exc_info=True)
 
     def _plan_for(
         self, mode: DraftMode, cfg: GenerationConfig

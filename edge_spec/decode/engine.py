@@ -55,6 +55,9 @@ class Step:
     # counted in n_drafted), and how much of it was accepted (in n_accepted).
     n_forced: int = 0
     n_forced_accepted: int = 0
+    # Draft sources that failed in this step and are set aside for the rest of the request:
+    # (source name, the error), the request going on without them.
+    set_aside: tuple[tuple[str, str], ...] = ()
 
     @property
     def n_positions(self) -> int:
@@ -67,6 +70,33 @@ class Prefill:
     n_prompt: int
     n_cached: int  # prompt tokens whose KV was reused from the previous request
     prefill_s: float
+    set_aside: tuple[tuple[str, str], ...] = ()  # draft sources that failed to begin
+
+
+class _Aside:
+    """The request's draft sources that failed: each is set aside (reset, logged once) and the
+    request goes on without it. A draft never fails a request the target alone would answer."""
+
+    def __init__(self, sources: Mapping[str, DraftSource]) -> None:
+        self.sources = sources
+        self.failed: dict[str, str] = {}
+        self.new: list[tuple[str, str]] = []
+
+    def fail(self, name: str, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        self.failed[name] = reason
+        self.new.append((name, reason))
+        log.warning("draft source %s set aside for this request: %s", name, reason)
+        reset = getattr(self.sources.get(name), "reset", None)
+        if reset is not None:
+            try:  # its caches may be half-written: start it clean for the next request
+                reset()
+            except Exception:  # noqa: BLE001 - already set aside; nothing more to do
+                log.debug("resetting %s failed too", name, exc_info=True)
+
+    def take(self) -> tuple[tuple[str, str], ...]:
+        out, self.new = tuple(self.new), []
+        return out
 
 
 def run_steps(
@@ -104,7 +134,7 @@ def run_steps(
     # Token trees need a target that keeps one sequence per branch, and a policy that plans them.
     trees = policy.tree_nodes > 0 and target.max_tree_leaves > 1
     # Draft heads read the target's hidden state of the row that chose the newest token.
-    heads = [s for s in sources.values() if getattr(s, "wants_hidden", False)]
+    heads = [(n, s) for n, s in sources.items() if getattr(s, "wants_hidden", False)]
     if heads and not target.hidden_states:
         raise InvalidRequestError("a draft head needs a target loaded with hidden_states=True")
 
@@ -112,13 +142,17 @@ def run_steps(
     cached = target.sync(context[:-1])
     model = sources.get("model")
     lag = model.lag(context) if isinstance(model, ModelDraft) else 1
-    for source in sources.values():
+    aside = _Aside(sources)
+    for name, source in sources.items():
         # A draft model the policy does not expect to pay for its prefill is not prefilled:
         # the time to first token stays the target's own, and a later first draft catches up.
         if not isinstance(source, ModelDraft) or policy.wants_model(lag):
-            source.begin(context)
+            try:
+                source.begin(context)
+            except Exception as exc:  # noqa: BLE001 - a draft never fails the request
+                aside.fail(name, exc)
     policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
-    yield Prefill(len(prompt), cached, time.perf_counter() - t0)
+    yield Prefill(len(prompt), cached, time.perf_counter() - t0, aside.take())
 
     models = [target, *sources.values()]  # what spends time inside llama_decode
     n_out = 0
@@ -130,23 +164,30 @@ def run_steps(
         # The grammar's forced text first (free to draft); the sources draft what follows it.
         forced = constraint.forced(k_cap) if constraint is not None and drafting else []
         ahead, cap = (context + forced, k_cap - len(forced)) if forced else (context, k_cap)
-        candidate = (
-            ngram.candidate(ahead, cap, branches=trees and not forced)
-            if isinstance(ngram, NgramDraft)
-            else None
-        )
-        plan = policy.plan(names, cap, candidate)
-        draft, branch_weights = _propose(
-            plan,
-            sources,
-            candidate,
-            ahead,
-            sampling,
-            keys,
-            policy,
-            target.max_tree_leaves if trees and not forced else 1,
-            cap,
-        )
+        candidate = None
+        if isinstance(ngram, NgramDraft) and "ngram" not in aside.failed:
+            try:
+                candidate = ngram.candidate(ahead, cap, branches=trees and not forced)
+            except Exception as exc:  # noqa: BLE001 - a draft never fails the request
+                aside.fail("ngram", exc)
+        live = tuple(name for name in names if name not in aside.failed)
+        plan = policy.plan(live, cap, candidate)
+        try:
+            draft, branch_weights = _propose(
+                plan,
+                sources,
+                candidate,
+                ahead,
+                sampling,
+                keys,
+                policy,
+                target.max_tree_leaves if trees and not forced else 1,
+                cap,
+            )
+            draft, branch_weights = _in_vocab(draft, branch_weights, target.n_vocab)
+        except Exception as exc:  # noqa: BLE001 - a draft never fails the request
+            aside.fail(plan.source, exc)
+            draft, branch_weights = NO_DRAFT, ()
         if constraint is not None:
             draft, branch_weights = _allowed(constraint, forced, draft, branch_weights)
         n_forced = min(len(forced), len(draft.tokens))
@@ -156,8 +197,12 @@ def run_steps(
         )
         n_forced_accepted = min(n_forced, verdict.n_accepted)
         context.extend(verdict.tokens)
-        for head in heads:
-            head.observe(len(context), hidden)
+        for name, head in heads:
+            if name not in aside.failed:
+                try:
+                    head.observe(len(context), hidden)
+                except Exception as exc:  # noqa: BLE001 - a draft never fails the request
+                    aside.fail(name, exc)
         n_out += len(verdict.tokens)
         t2 = time.perf_counter()
         match_len = candidate.match_len if candidate and plan.source == "ngram" else 0
@@ -195,6 +240,7 @@ def run_steps(
             _depth(draft),
             n_forced,
             n_forced_accepted,
+            aside.take(),
         )
 
 
@@ -230,6 +276,19 @@ def _propose(
         if tree.branch_weights:
             return Draft(tree.tokens, draft.confidences, tree.parents), tree.branch_weights
     return Draft(draft.tokens, draft.confidences), ()
+
+
+def _in_vocab(
+    draft: Draft, branch_weights: tuple[float, ...], n_vocab: int
+) -> tuple[Draft, tuple[float, ...]]:
+    """A draft holds only ids the target has: a chain is cut at its first id outside the
+    vocabulary (a draft's vocabulary may be larger), a tree with one becomes its main chain."""
+    if all(0 <= t < n_vocab for t in draft.tokens):
+        return draft, branch_weights
+    n_main = len(draft.tokens) - len(branch_weights)
+    main = draft.tokens[:n_main]
+    n = next((i for i, t in enumerate(main) if not 0 <= t < n_vocab), len(main))
+    return Draft(main[:n], draft.confidences[:n]), ()
 
 
 def _allowed(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from edge_spec.decode.engine import Prefill, Step
 
@@ -50,6 +50,8 @@ class GenerationStats:
     n_branch_accepted: int = 0  # of n_accepted, the tokens accepted along a branch
     # Under a grammar: the time spent on its masks, checks and forced text (llguidance)
     constraint_s: float = 0.0
+    # Draft sources that failed and were set aside for the rest of the request: name -> error
+    sources_set_aside: dict[str, str] = field(default_factory=dict)
 
     @property
     def overhead_per_step_s(self) -> float:
@@ -103,12 +105,19 @@ class StatsCollector:
         self.k_chosen: list[int] = []
         self.n_drafted = self.n_accepted = 0
         self.n_tree_steps = self.n_branch_drafted = self.n_branch_accepted = 0
+        self.sources_set_aside: dict[str, str] = {}
 
     def prefill(self, event: Prefill) -> None:
         self.n_cached = event.n_cached
         self.prefill_s += event.prefill_s
+        self._set_aside(event.set_aside)
+
+    def _set_aside(self, failures: tuple[tuple[str, str], ...]) -> None:
+        for slot, reason in failures:
+            self.sources_set_aside[self._names.get(slot, slot)] = reason
 
     def step(self, event: Step) -> None:
+        self._set_aside(event.set_aside)
         if self._first_token_s is None:
             self._first_token_s = time.perf_counter() - self._t_start
         self.n_steps += 1
@@ -179,4 +188,5 @@ class StatsCollector:
             n_branch_drafted=self.n_branch_drafted,
             n_branch_accepted=self.n_branch_accepted,
             constraint_s=constraint_s,
+            sources_set_aside=dict(self.sources_set_aside),
         )

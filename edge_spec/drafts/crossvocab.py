@@ -63,6 +63,13 @@ class CrossVocabDraft(ModelDraft):
         self._tokens: list[int] = list(draft_prefix)  # the draft's tokens for that text
         self._draft_ends: list[int] = [0] * len(draft_prefix)  # byte end of each in the text
 
+    def reset(self) -> None:
+        """Forget the draft model's cache and the text translated so far."""
+        super().reset()
+        self._target = _TokenText(self.target_vocab)
+        self._tokens = list(self.draft_prefix)
+        self._draft_ends = [0] * len(self.draft_prefix)
+
     def propose(
         self,
         context: Sequence[int],

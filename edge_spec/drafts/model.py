@@ -41,6 +41,10 @@ class ModelDraft:
         # does not expect to draft with the model: then its first proposal catches up.)
         self.draft_model.sync(self._draft_tokens(prompt)[:-1])
 
+    def reset(self) -> None:
+        """Forget the draft model's cache (after a failure: the next request starts clean)."""
+        self.draft_model.reset()
+
     def lag(self, context: Sequence[int]) -> int:
         """How many tokens the next proposal's first decode would cover: those after the
         longest prefix of the draft's tokens[:-1] the cache holds (at least the last token)."""
