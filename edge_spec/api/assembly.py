@@ -91,6 +91,7 @@ def rpc_devices(config: EngineConfig) -> Devices:
         return Devices()
     from edge_spec.backend import rpc
 
+    rpc.set_call_timeout(config.rpc_timeout_s)
     endpoints = rpc.parse_endpoints(",".join(config.rpc_servers))
     local = rpc.local_devices()
     remote = rpc.rpc_devices(endpoints)

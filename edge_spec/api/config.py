@@ -61,6 +61,7 @@ class EngineConfig:
     # llama.cpp rpc-servers ("host:port") that hold the target's layers (edge-spec rpc-server);
     # the draft, n-gram and head stay on this machine. Empty: everything local.
     rpc_servers: tuple[str, ...] = ()
+    rpc_timeout_s: float = 120.0  # the most one call may wait for them (a silent server)
 
     def __post_init__(self) -> None:
         checks = [
@@ -87,6 +88,8 @@ class EngineConfig:
         for ok, message in checks:
             if not ok:
                 raise InvalidRequestError(message)
+        if not self.rpc_timeout_s > 0:
+            raise InvalidRequestError(f"rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
         if self.rpc_servers:
             from edge_spec.backend.rpc import parse_endpoints
 

@@ -33,6 +33,7 @@ from edge_spec.errors import (
     EdgeSpecError,
     InvalidRequestError,
     ModelFileError,
+    RpcError,
 )
 from edge_spec.gguf.validate import validate_gguf
 
@@ -225,14 +226,18 @@ class LlamaModel:
                 self._batch = self._ctx = self._model = None
                 return
         if getattr(self, "_batch", None) is not None:
-            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_batch_free(self._batch)  # host memory only
             self._batch = None
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        try:  # freeing an RPC model's buffers talks to its servers: guarded
+            if getattr(self, "_ctx", None):
+                self._call(llama_cpp.llama_free, self._ctx)
+                self._ctx = None
+            if getattr(self, "_model", None):
+                self._call(llama_cpp.llama_model_free, self._model)
+                self._model = None
+        except RpcError:
+            log.warning("an rpc-server was lost while freeing %s: left allocated", self.path)
+            self._ctx = self._model = None
 
     def __del__(self) -> None:
         self.close()
@@ -371,7 +376,7 @@ class LlamaModel:
         self._hidden_rows = n if rc == 0 and self._embeddings_on else 0
         if rc != 0:
             # Leave the cache consistent with self.tokens before reporting.
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+            self._call(llama_cpp.llama_memory_seq_rm, self._mem, 0, pos0, -1)
             if rc == 1:
                 raise ContextOverflowError(f"no KV slot for {n} tokens at position {pos0}")
             raise EdgeSpecError(f"llama_decode failed with code {rc}")
@@ -402,9 +407,9 @@ class LlamaModel:
             raise InvalidRequestError(f"cannot truncate to {n_keep} of {self.n_past} tokens")
         if n_keep == self.n_past:
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+        if not self._call(llama_cpp.llama_memory_seq_rm, self._mem, 0, n_keep, -1):
             # Some caches (sliding window, recurrent) cannot drop a partial sequence: start over.
-            llama_cpp.llama_memory_clear(self._mem, True)
+            self._call(llama_cpp.llama_memory_clear, self._mem, True)
             kept = self.tokens[:n_keep]
             self.tokens = []
             self.decode(kept)

@@ -27,6 +27,10 @@ from edge_spec.errors import InvalidRequestError, RpcError
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
+# The most one llama.cpp call on an RPC model may wait for its servers (set_call_timeout):
+# a server that stops answering without closing its connection otherwise blocks until the
+# kernel gives up on the socket (minutes).
+CALL_TIMEOUT_S = 120.0
 # The protocol of the vendored ggml-rpc (ggml-rpc.h, transport.h): HELLO is command 14, its
 # request 24 capability bytes, its answer major, minor, patch, padding and 24 bytes.
 RPC_CMD_HELLO = 14
@@ -203,7 +207,8 @@ def _add_server(endpoint: RpcEndpoint) -> list[int]:
     address = _fn.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
     if not address:
         raise RpcError("llama.cpp's RPC backend lacks ggml_backend_rpc_add_server")
-    server_reg = _ADD_SERVER(address)(str(endpoint).encode())
+    # Adding a server connects to it: guarded like any call that reaches one.
+    server_reg = call_guarded(_ADD_SERVER(address), str(endpoint).encode())
     if not server_reg:
         raise RpcError(f"llama.cpp could not add rpc-server {endpoint}")
     _fn.ggml_backend_register(server_reg)
@@ -220,7 +225,8 @@ def device_memory(devices: list[int]) -> list[tuple[str, int, int]]:
     out = []
     for dev in devices:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        _fn.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        # An RPC device asks its server: guarded (a local device answers at once either way).
+        call_guarded(_fn.ggml_backend_dev_memory, dev, ctypes.byref(free), ctypes.byref(total))
         out.append((_fn.ggml_backend_dev_name(dev).decode(), int(free.value), int(total.value)))
     return out
 
@@ -366,27 +372,49 @@ def lost() -> str | None:
     return _lost_message[0] if _lost.is_set() else None
 
 
+def set_call_timeout(seconds: float) -> None:
+    """The most one guarded call may wait (--rpc-timeout); past it the servers count as lost."""
+    global CALL_TIMEOUT_S
+    if not seconds > 0:
+        raise InvalidRequestError(f"the RPC call timeout must be > 0 seconds, got {seconds}")
+    CALL_TIMEOUT_S = float(seconds)
+
+
 def call_guarded(fn, *args):  # type: ignore[no-untyped-def]
-    """fn(*args) (a llama.cpp call on an RPC model) in a helper thread; RpcError as soon as an
-    rpc-server is lost instead of waiting for an answer that will never come."""
+    """fn(*args) (a llama.cpp call that may talk to rpc-servers) in a helper thread; RpcError as
+    soon as an rpc-server is lost, or once CALL_TIMEOUT_S pass without an answer (a server that
+    went silent), instead of waiting for an answer that will never come. An exception fn
+    raises is raised as itself."""
     if _lost.is_set():
         raise RpcError(f"an rpc-server was lost ({lost()}): restart edge-spec once it is back")
     result: list = []
+    failure: list[BaseException] = []
     done = threading.Event()
 
     def run() -> None:
         try:
             result.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as itself
+            failure.append(exc)
         finally:
             done.set()
 
     threading.Thread(target=run, name="llama-rpc-call", daemon=True).start()
+    deadline = time.monotonic() + CALL_TIMEOUT_S
     while not done.wait(0.05):
         if _lost.is_set():
             raise RpcError(
                 f"an rpc-server was lost mid-generation ({lost()}): this request ends here; "
                 "restart edge-spec once the server is back"
             )
-    if not result:
-        raise RpcError("a llama.cpp call on the RPC target failed")
+        if time.monotonic() > deadline:
+            # The call still waits inside llama.cpp, holding the model: it cannot be used again.
+            _lost_message.append(f"no answer within {CALL_TIMEOUT_S:.0f} s (--rpc-timeout)")
+            _lost.set()
+            raise RpcError(
+                f"an rpc-server did not answer within {CALL_TIMEOUT_S:.0f} s: this request "
+                "ends here; restart edge-spec once the server answers again"
+            )
+    if failure:
+        raise failure[0]
     return result[0]

@@ -87,6 +87,14 @@ def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
         help="put the target's layers on these llama.cpp rpc-servers (edge-spec rpc-server); "
         "the draft stays on this machine",
     )
+    parser.add_argument(
+        "--rpc-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="with --rpc: the most one call may wait for the servers before the request ends "
+        "with an error (a server that went silent; default 120)",
+    )
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +187,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         # A draft the user named drafts in auto, not the target's head.
         use_head=getattr(args, "draft", None) is None,
         rpc_servers=rpc_servers(args),
+        rpc_timeout_s=args.rpc_timeout,
     )
 
 

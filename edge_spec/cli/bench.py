@@ -232,6 +232,7 @@ def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, 
         n_threads=args.threads,
         use_head=args.draft is None,
         rpc_servers=rpc_servers(args),
+        rpc_timeout_s=args.rpc_timeout,
     )
     with EdgeSpec(target, draft, config=config) as spec:
         setup = PeerSetup(

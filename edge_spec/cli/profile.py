@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         draft = self_draft_path(target, n_threads=args.threads)
     else:
         draft = resolve(args.draft or default_draft)
+    if args.rpc:
+        from edge_spec.backend.rpc import set_call_timeout
+
+        set_call_timeout(args.rpc_timeout)
     profile, path, cached = lookup_or_profile(
         target,
         draft,

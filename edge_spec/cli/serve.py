@@ -41,9 +41,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument(
         "--api-key",
-        default=os.environ.get("EDGE_SPEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every route but /health "
-        "(default: $EDGE_SPEC_API_KEY; unset: no authentication)",
+        action="append",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health; repeat it for "
+        "several clients, whose conversations (prompt_cache_key) are then kept apart, each "
+        "within its own session limits (default: $EDGE_SPEC_API_KEY, comma-separated; unset: "
+        "no authentication)",
+    )
+    serve.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a request may wait for the worker before a 503 with Retry-After "
+        "(default 300; 0: no limit)",
     )
     add_engine_arguments(serve)
     serve.add_argument(
@@ -55,13 +65,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "drafts from its own text only, so no client's text reaches another's drafts",
     )
     serve.add_argument(
-        "--max-sessions", type=int, default=16, help="conversations kept (least recent dropped)"
+        "--max-sessions",
+        type=int,
+        default=16,
+        help="conversations kept per API key (its least recent dropped)",
     )
     serve.add_argument(
         "--ngram-session-mib",
         type=float,
         default=64.0,
-        help="memory all conversations' n-gram indexes may hold together, estimated from "
+        help="memory the conversations of one API key may hold in n-gram indexes, estimated from "
         "above (default 64 MiB; the least recently used conversations are dropped first)",
     )
 
@@ -94,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("port", "max_queue", "max_tokens_limit", "max_request_bytes", "max_sessions"):
         if getattr(args, name) < (0 if name == "port" else 1):
             raise InvalidRequestError(f"--{name.replace('_', '-')} is out of range")
+    if args.queue_timeout < 0:
+        raise InvalidRequestError("--queue-timeout must be >= 0 (0: no limit)")
+    keys = args.api_key or os.environ.get("EDGE_SPEC_API_KEY", "").split(",")
+    api_keys = tuple(dict.fromkeys(k.strip() for k in keys if k and k.strip()))
     # A server's first client is a chat: with no model flags, the chat pair.
     target_name, draft_name = choose_pair(
         args.target, args.draft, chat=True, draft_mode=args.draft_mode
@@ -115,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model_ids=tuple(dict.fromkeys(i for i in ids if i)),
         limits=RequestLimits(base, args.max_tokens_limit, args.draft_mode),
-        api_key=args.api_key or None,
+        api_keys=api_keys,
+        queue_timeout_s=args.queue_timeout or None,
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         model_details={
@@ -149,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=5,
         )
     )
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         print(
             f"edge-spec: warning: serving on {args.host} without --api-key: anyone who can reach "
             "this port can use it",

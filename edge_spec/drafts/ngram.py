@@ -51,10 +51,20 @@ OCCURRENCE_BYTES = 60
 TOKEN_BYTES = 8
 
 
+# A session named "scope<SCOPE_SEP>name" belongs to that scope (the server: one per API key);
+# the bounds apply per scope, so one scope's sessions never push out another's.
+SCOPE_SEP = "\x1f"
+
+
+def _scope(session: str) -> str:
+    return session.partition(SCOPE_SEP)[0] if SCOPE_SEP in session else ""
+
+
 class NgramDraft:
     """The lookup over the live request and, when one is selected, a session: the earlier
     requests of one conversation. Sessions are kept by name, the least recently used dropped
-    beyond max_sessions; no session (None) drafts from the live request alone."""
+    beyond max_sessions (and session_bytes), counted per scope (SCOPE_SEP); no session (None)
+    drafts from the live request alone."""
 
     name = "ngram"
     decode_s = 0.0
@@ -96,17 +106,23 @@ class NgramDraft:
         if index is None:
             index = NgramIndex(self.max_ngram, self.session_tokens)
         self._sessions[session] = index  # most recently used last
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+        scope = _scope(session)
+        mine = [name for name in self._sessions if _scope(name) == scope]  # oldest first
+        while len(mine) > self.max_sessions:
+            del self._sessions[mine.pop(0)]
         if self.session_bytes is not None:
-            while len(self._sessions) > 1 and self.bytes_estimate() > self.session_bytes:
-                self._sessions.popitem(last=False)
+            while len(mine) > 1 and self.bytes_estimate(scope) > self.session_bytes:
+                del self._sessions[mine.pop(0)]
             index.shrink(self.session_bytes)
         self._index = index
 
-    def bytes_estimate(self) -> int:
-        """What the kept sessions hold in memory, estimated from above."""
-        return sum(index.bytes_estimate() for index in self._sessions.values())
+    def bytes_estimate(self, scope: str | None = None) -> int:
+        """What the kept sessions (of one scope, or of all) hold in memory, from above."""
+        return sum(
+            index.bytes_estimate()
+            for name, index in self._sessions.items()
+            if scope is None or _scope(name) == scope
+        )
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._index.new_document()

@@ -8,10 +8,11 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -21,6 +22,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_spec.api import EdgeSpec
+from edge_spec.drafts.ngram import SCOPE_SEP
 from edge_spec.errors import ContextOverflowError, InvalidRequestError, RpcError
 from edge_spec.server import responses as out
 from edge_spec.server.metrics import (
@@ -45,16 +47,34 @@ log = logging.getLogger(__name__)
 class ServerConfig:
     model_ids: tuple[str, ...]  # the first is listed by /v1/models; requests may use any
     limits: RequestLimits
-    api_key: str | None = None
+    api_key: str | None = None  # one key (api_keys: several); none: no authentication
     max_queue: int = 64
     max_request_bytes: int = 1 << 20
     model_details: Mapping[str, Any] = field(default_factory=dict)
+    api_keys: tuple[str, ...] = ()
+    # A request waiting longer than this for the worker is answered 503 with Retry-After.
+    queue_timeout_s: float | None = 300.0
+    # Mixed into each key's session names: a client can neither address nor guess the
+    # sessions of another key. Fresh per process.
+    session_secret: bytes = field(default_factory=lambda: os.urandom(16), repr=False)
 
     def __post_init__(self) -> None:
         if not self.model_ids:
             raise ValueError("a server needs at least one model id")
         if self.max_queue < 1 or self.max_request_bytes < 1:
             raise ValueError("max_queue and max_request_bytes must be >= 1")
+        if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
+            raise ValueError("queue_timeout_s must be > 0 (None: no limit)")
+        keys = tuple(dict.fromkeys((*self.api_keys, *([self.api_key] if self.api_key else []))))
+        if any(not k for k in keys):
+            raise ValueError("an API key may not be empty")
+        object.__setattr__(self, "api_keys", keys)
+
+    def scope(self, key: str | None) -> str:
+        """The session namespace of a caller: one per API key, never guessable from outside."""
+        if key is None:
+            return "open"
+        return hmac.new(self.session_secret, key.encode(), "sha256").hexdigest()[:16]
 
 
 def create_app(
@@ -93,28 +113,34 @@ def create_app(
     _install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
-    async def require_key(request: Request) -> None:
-        if config.api_key is None:
-            return
+    def caller_key(request: Request) -> str | None:
+        """The API key a request presents, if it is one of the server's (None otherwise)."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), config.api_key.encode()
-        ):
+        if scheme.lower() != "bearer":
+            return None
+        given = token.strip().encode()
+        matches = [k for k in config.api_keys if hmac.compare_digest(given, k.encode())]
+        return matches[0] if matches else None
+
+    async def require_key(request: Request) -> None:
+        key = caller_key(request) if config.api_keys else None
+        if config.api_keys and key is None:
             raise APIError(
                 401,
                 "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                 code="invalid_api_key",
             )
+        request.state.session_scope = config.scope(key)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        """Ready or not, to anyone; what went wrong only to a caller with a valid key."""
         state = worker.state
-        body: dict[str, Any] = {
-            "status": "ok" if state == "ready" else state,
-            "queue_depth": worker.queue_depth,
-        }
-        if state == "rpc_lost":
-            body["error"] = str(worker.load_error)
+        body: dict[str, Any] = {"status": "ok" if state == "ready" else "unavailable"}
+        if config.api_keys and caller_key(request) is not None:
+            body.update(state=state, queue_depth=worker.queue_depth)
+            if state in ("rpc_lost", "failed"):
+                body["error"] = str(worker.load_error)
         return JSONResponse(body, status_code=200 if state == "ready" else 503)
 
     secured = APIRouter(dependencies=[Depends(require_key)])
@@ -153,6 +179,11 @@ async def _serve(
     """Queue the generation, wait for its first event (errors found at the start, such as a
     prompt longer than the context, still get their HTTP status), then answer JSON or SSE."""
     _check_model(config, req.model)
+    if req.config.session is not None:  # a conversation: within the caller's key only
+        scope = getattr(request.state, "session_scope", "open")
+        req = replace(
+            req, config=replace(req.config, session=scoped_session(scope, req.config.session))
+        )
     if req.messages is not None:
         messages = [dict(m) for m in req.messages]
 
@@ -179,7 +210,7 @@ async def _serve(
     env = out.Envelope(chat=req.messages is not None, model=req.model)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
-        event = await job.events.get()
+        event = await _first_event(job, config.queue_timeout_s)
         if req.stream and event[0] == "delta":
             watcher.cancel()  # from here on the SSE response watches the connection
             gate = out.ContentGate() if req.config.tool_mode != "none" else None
@@ -198,6 +229,30 @@ async def _serve(
     if kind == "cancelled":
         return Response(status_code=CLIENT_CLOSED)  # nobody is listening; counted as such
     raise _api_error(payload, chat=req.messages is not None)
+
+
+async def _first_event(job: Job, timeout_s: float | None) -> tuple[str, Any]:
+    """The job's first event; 503 (Retry-After) if it waited in the queue past timeout_s. Once
+    the worker has taken it, a long prefill is waited for."""
+    while True:
+        wait = None if timeout_s is None or job.started else timeout_s
+        try:
+            return await asyncio.wait_for(job.events.get(), wait)
+        except asyncio.TimeoutError:
+            if job.expire():
+                raise APIError(
+                    503,
+                    f"the request waited {timeout_s:.0f} s for the worker; retry later",
+                    type="server_error",
+                    code="queue_timeout",
+                    headers={"Retry-After": "5"},
+                ) from None
+
+
+def scoped_session(scope: str, session: str) -> str:
+    """A request's session name within its caller's namespace (drafts.ngram.SCOPE_SEP): per-key
+    limits apply within it, and no other key can reach it."""
+    return f"{scope}{SCOPE_SEP}{session}"
 
 
 async def _sse(
@@ -312,7 +367,7 @@ def _api_error(exc: BaseException, chat: bool = False) -> APIError:
 
 def _install_error_handlers(app: FastAPI) -> None:
     def as_json(error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         return as_json(_api_error(exc))

@@ -56,7 +56,11 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "functions": (None, []),  # the deprecated forms of tools and tool_choice
     "function_call": (None, "none"),
+    "store": (None, False),  # nothing is stored here
+    "service_tier": (None, "auto", "default"),  # one tier
 }
+# Accepted and checked, then not used (docs/server.md): OpenAI's end-user id and metadata.
+MAX_METADATA = 16
 
 
 class APIError(Exception):
@@ -70,6 +74,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
         param: str | None = None,
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
@@ -79,6 +84,7 @@ class APIError(Exception):
             param,
             code,
         )
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return {
@@ -158,6 +164,23 @@ def _check_fields(body: object, allowed: frozenset[str]) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' must be a non-empty string", "model", "missing_required_parameter")
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > 256):
+        raise bad("'user' must be a string of at most 256 characters", "user")
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, Mapping)
+        and len(metadata) <= MAX_METADATA
+        and all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+            for k, v in metadata.items()
+        )
+    ):
+        raise bad(
+            f"'metadata' must hold at most {MAX_METADATA} string pairs (keys up to 64 "
+            "characters, values up to 512)",
+            "metadata",
+        )
     return dict(body)
 
 

@@ -44,10 +44,29 @@ class Job:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._loop = loop
         self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self.started = False
         self.t_queued = time.perf_counter()
 
     def cancel(self) -> None:
         self._cancelled.set()
+
+    def begin(self) -> bool:
+        """The worker takes the job: False if it was cancelled (or expired) first."""
+        with self._lock:
+            if self._cancelled.is_set():
+                return False
+            self.started = True
+            return True
+
+    def expire(self) -> bool:
+        """Give up on a job still waiting in the queue: True if it had not started (it never
+        will), False if the worker took it first."""
+        with self._lock:
+            if self.started:
+                return False
+            self._cancelled.set()
+            return True
 
     @property
     def cancelled(self) -> bool:
@@ -154,11 +173,18 @@ class Worker:
             self.spec.close()
 
     def _run(self, job: Job) -> None:
-        if job.cancelled:  # the client left while the job waited
+        # _running is set before the state is read, and stop() sets the state before it reads
+        # _running: whichever runs first, a job taken while the server stops is never run.
+        self._running = job
+        if self._state != "ready":
+            self._running = None
+            job.emit("error", UnavailableError("stopping"))
+            return
+        if not job.begin():  # the client left, or its queue time ran out, while it waited
+            self._running = None
             self._metrics.cancelled.inc()
             job.emit("cancelled")
             return
-        self._running = job
         assert self.spec is not None
         deltas: Iterator[TextDelta] | None = None
         n_generated = 0
