@@ -404,3 +404,27 @@ def test_llama_cpps_own_rpc_server_binary_serves_the_target_too(target_path, dra
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_guarded_call_raises_its_own_error_and_a_silent_server_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Python error inside a guarded call is itself, not a lost server; a call that waits past
+    the timeout (a server that stopped answering) ends with one RpcError, and the servers count
+    as lost from then on."""
+    from edge_spec.backend import rpc
+
+    def broken() -> None:
+        raise KeyError("not an RPC failure")
+
+    with pytest.raises(KeyError):
+        rpc.call_guarded(broken)
+    assert rpc.lost() is None
+    monkeypatch.setattr(rpc, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(rpc, "_lost", threading.Event())  # this process's real state untouched
+    monkeypatch.setattr(rpc, "_lost_message", [])
+    with pytest.raises(RpcError, match="did not answer within"):
+        rpc.call_guarded(time.sleep, 3)
+    assert "no answer within" in (rpc.lost() or "")
+    with pytest.raises(InvalidRequestError):
+        rpc.set_call_timeout(0)

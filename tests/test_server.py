@@ -39,7 +39,7 @@ from edge_spec.server import responses as out
 from edge_spec.server.app import ServerConfig, create_app
 from edge_spec.server.metrics import ServerMetrics
 from edge_spec.server.schemas import APIError, RequestLimits, parse_chat, parse_completion
-from edge_spec.server.worker import Job, QueueFullError, Worker
+from edge_spec.server.worker import Job, QueueFullError, UnavailableError, Worker
 
 # One pytest-xdist worker runs this module: its expensive fixtures (session-scoped, so that
 # tests of other modules running in between do not tear them down) are built once.
@@ -346,8 +346,9 @@ def test_app_answers_503_while_loading_and_reports_a_failed_load() -> None:
     app = create_app(config, load, on_fatal=fatal.append)
     auth = {"Authorization": f"Bearer {API_KEY}"}
     with TestClient(app) as client:
-        health = client.get("/health")  # no key needed
-        assert health.status_code == 503 and health.json()["status"] == "loading"
+        health = client.get("/health")  # no key needed, and no internals without one
+        assert health.status_code == 503 and health.json() == {"status": "unavailable"}
+        assert client.get("/health", headers=auth).json()["state"] == "loading"
         assert client.get("/v1/models").status_code == 401
         busy = client.post("/v1/completions", json={"model": "m", "prompt": "x"}, headers=auth)
         assert busy.status_code == 503 and busy.json()["error"]["type"] == "server_error"
@@ -355,8 +356,128 @@ def test_app_answers_503_while_loading_and_reports_a_failed_load() -> None:
         deadline = time.monotonic() + 10
         while not fatal and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert client.get("/health").json()["status"] == "failed"
+        assert client.get("/health").json() == {"status": "unavailable"}
+        detailed = client.get("/health", headers=auth).json()
+        assert detailed["state"] == "failed" and "no such model" in detailed["error"]
     assert isinstance(fatal[0], ModelFileError)
+
+
+class _RecordingSpec(_ScriptedSpec):
+    """Records each request's config; answers at once (or holds until `step` is released)."""
+
+    def __init__(self, hold: bool = False) -> None:
+        super().__init__()
+        self.configs: list[GenerationConfig] = []
+        self.hold = hold
+
+    def stream(self, prompt: str, config: GenerationConfig) -> Iterator[TextDelta]:
+        self.configs.append(config)
+        if self.hold:
+            self.step.acquire()
+        yield TextDelta("ok", (1,), "length", _result("ok", "length"))
+
+    def stream_chat(self, messages: Any, config: GenerationConfig) -> Iterator[TextDelta]:
+        return self.stream("chat", config)
+
+
+def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    spec = _RecordingSpec(hold=True)
+    config = ServerConfig(model_ids=("m",), limits=LIMITS, queue_timeout_s=0.5)
+    body = {"model": "m", "prompt": "x", "max_tokens": 2}
+    with TestClient(create_app(config, lambda: spec)) as client:  # type: ignore[arg-type,return-value]
+        while client.get("/health").status_code != 200:
+            time.sleep(0.01)
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.post, "/v1/completions", json=body)  # holds the worker
+            while not spec.configs:
+                time.sleep(0.01)
+            waited = client.post("/v1/completions", json=body)
+            assert waited.status_code == 503 and waited.headers["retry-after"] == "5"
+            assert waited.json()["error"]["code"] == "queue_timeout"
+            spec.step.release(5)
+            assert first.result().status_code == 200  # the one the worker took finished
+        assert len(spec.configs) == 1  # the expired one never ran
+
+
+def test_a_job_taken_while_the_worker_stops_never_runs() -> None:
+    """stop() sets the state before it reads the running job; the worker sets the running job
+    before it reads the state: whichever comes first, the job is refused, not run."""
+    spec = _RecordingSpec()
+    loop = asyncio.new_event_loop()
+    worker = Worker(lambda: spec, max_queue=2, metrics=ServerMetrics())  # type: ignore[arg-type,return-value]
+    worker.spec = spec  # type: ignore[assignment]
+    job = Job(lambda s: s.stream("x", GenerationConfig()), loop)
+    worker._state = "stopping"  # stop() got there first
+    worker._run(job)
+    events = _drain(loop, job)
+    assert spec.configs == [] and events[0][0] == "error"
+    assert isinstance(events[0][1], UnavailableError)
+    loop.close()
+
+
+def test_conversations_are_kept_apart_per_api_key() -> None:
+    from fastapi.testclient import TestClient
+
+    from edge_spec.drafts.ngram import SCOPE_SEP
+
+    spec = _RecordingSpec()
+    config = ServerConfig(model_ids=("m",), limits=LIMITS, api_keys=("key-a", "key-b"))
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "m", "messages": messages, "max_tokens": 2, "prompt_cache_key": "conv-1"}
+    with TestClient(create_app(config, lambda: spec)) as client:  # type: ignore[arg-type,return-value]
+        while client.get("/health").status_code != 200:
+            time.sleep(0.01)
+        for key in ("key-a", "key-b", "key-a"):
+            auth = {"Authorization": f"Bearer {key}"}
+            assert client.post("/v1/chat/completions", json=body, headers=auth).status_code == 200
+        no_session = {k: v for k, v in body.items() if k != "prompt_cache_key"}
+        auth = {"Authorization": "Bearer key-b"}
+        client.post("/v1/chat/completions", json=no_session, headers=auth)
+    a1, b1, a2, plain = (c.session for c in spec.configs)
+    assert a1 == a2 and a1 != b1 and plain is None  # one namespace per key
+    assert a1.endswith("conv-1") and SCOPE_SEP in a1 and "key-a" not in a1
+
+
+def test_session_limits_hold_per_scope_so_one_key_cannot_push_out_another() -> None:
+    from edge_spec.drafts import NgramDraft
+    from edge_spec.drafts.ngram import SCOPE_SEP
+
+    ngram = NgramDraft(session_tokens=64, max_sessions=2)
+    ngram.select(f"b{SCOPE_SEP}mine")
+    ngram.begin([1, 2, 3])
+    for i in range(10):  # another key churns through many conversations
+        ngram.select(f"a{SCOPE_SEP}conv-{i}")
+    kept = list(ngram._sessions)
+    assert f"b{SCOPE_SEP}mine" in kept
+    assert [s for s in kept if s.startswith("a")] == [f"a{SCOPE_SEP}conv-8", f"a{SCOPE_SEP}conv-9"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "accepted"),
+    [
+        ("store", False, True),
+        ("store", True, False),
+        ("service_tier", "auto", True),
+        ("service_tier", "flex", False),
+        ("user", "user-42", True),
+        ("user", 5, False),
+        ("metadata", {"team": "a"}, True),
+        ("metadata", {"n": 1}, False),
+        ("metadata", {str(i): "x" for i in range(17)}, False),
+    ],
+)
+def test_openai_fields_are_honoured_or_refused(field: str, value: Any, accepted: bool) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], field: value}
+    if accepted:
+        parse_chat(body, LIMITS)
+    else:
+        with pytest.raises(APIError) as err:
+            parse_chat(body, LIMITS)
+        assert err.value.status == 400 and err.value.param == field
 
 
 def test_serve_without_the_extra_exits_2_with_the_install_hint() -> None:
@@ -475,7 +596,7 @@ models = pytest.mark.models
 
 @models
 def test_health_and_models(server: LiveServer) -> None:
-    assert server.states_seen <= {"503 loading", "200 ok"}
+    assert server.states_seen <= {"503 unavailable", "200 ok"}
     listed = server.client().models.list()
     assert [m.id for m in listed.data] == [MODEL_ALIAS]
     assert listed.data[0].model_extra["edge_spec"]["draft_mode"] == "model"

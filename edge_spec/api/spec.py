@@ -288,7 +288,7 @@ class EdgeSpec:
         """After a request failed mid-step (a decode, a tree, a draw, the text): the models'
         caches may hold what the failed step left, so they are emptied and the next request
         prefills from scratch, as a fresh process would."""
-        log.warning("a request failed mid-generation: the models' caches are reset")
+        log.info("a request failed mid-generation: the models' caches are reset")
         for model in (self.target, self.draft):
             if model is not None:
                 try:
