@@ -22,6 +22,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # A draft head this machine trained (edge-spec head train) would change what auto drafts with:
 # the tests see only the heads they train themselves.
 os.environ["EDGE_SPEC_HEADS"] = tempfile.mkdtemp(prefix="edge_spec_heads_")
+# What the cost policy learned in this machine's earlier runs would change what the tests'
+# engines draft first: each test process starts from the priors (edge_spec.device.learned).
+os.environ["EDGE_SPEC_LEARNED_DIR"] = tempfile.mkdtemp(prefix="edge_spec_learned_")
 
 # Chat-style and completion-style prompts; several reuse their input so n-gram drafts get used.
 PROMPTS = [

@@ -180,7 +180,10 @@ def test_the_draft_cache_is_reused_across_steps_and_requests() -> None:
     assert draft.n_decoded - decoded_once < 80
 
 
-N_RUNS = 30_000
+# The engine-level distribution tests check the plumbing around verification (keys,
+# positions, trees, heads, sources) at 20,000 runs: a TV bound near 0.035 on 25 cells;
+# test_verify.py holds verification itself to 50,000 runs (bound near 0.022).
+N_RUNS = 20_000
 
 
 def test_sampled_cross_vocabulary_output_follows_the_target() -> None:

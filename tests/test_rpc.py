@@ -176,13 +176,14 @@ def test_greedy_over_two_rpc_servers_equals_the_local_target(
     from edge_spec import EdgeSpec, EngineConfig, GenerationConfig
 
     config = GenerationConfig(max_tokens=32)
+    prompts = PROMPTS[:4]  # three modes each, over the servers
     with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=512)) as local:
-        expected = {p: local.generate(p, config, draft_mode="none").token_ids for p in PROMPTS}
+        expected = {p: local.generate(p, config, draft_mode="none").token_ids for p in prompts}
     remote_cfg = EngineConfig(n_ctx=512, rpc_servers=servers)
     with EdgeSpec(target_path, draft_path, config=remote_cfg) as remote:
         assert remote.placement.remote_needed_bytes > 0
         drafted = 0
-        for prompt in PROMPTS:
+        for prompt in prompts:
             for mode in ("none", "auto", "model"):
                 result = remote.generate(prompt, config, draft_mode=mode)
                 assert result.token_ids == expected[prompt], (prompt, mode)

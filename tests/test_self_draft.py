@@ -93,7 +93,7 @@ def test_the_chosen_self_draft_output_is_the_targets_and_drafts_are_accepted(
     with EdgeSpec(smollm2_path, draft_mode="self", config=EngineConfig(n_ctx=512)) as spec:
         assert spec.draft_is_self and spec.draft_path is not None
         assert ".self-" in spec.draft_path.name  # derived, cached beside the other models
-        n_drafted, n_accepted = _drafts_with_exact_output(spec)
+        n_drafted, n_accepted = _drafts_with_exact_output(spec, PROMPTS[:5])
         assert n_drafted > 40 and n_accepted > n_drafted * 0.2, (n_drafted, n_accepted)
         with pytest.raises(InvalidRequestError, match="self"):
             EdgeSpec(smollm2_path, smollm2_path, draft_mode="self")

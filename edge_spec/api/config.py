@@ -62,6 +62,10 @@ class EngineConfig:
     # the draft, n-gram and head stay on this machine. Empty: everything local.
     rpc_servers: tuple[str, ...] = ()
     rpc_timeout_s: float = 120.0  # the most one call may wait for them (a silent server)
+    # The cost policy starts from what earlier processes learned for this device, pair and
+    # settings (edge_spec.device.learned); True starts it from its priors (what it learns then
+    # replaces the saved state).
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         checks = [

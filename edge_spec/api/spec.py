@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,8 @@ from edge_spec.constrain.tools import CallFormat, call_format, renders_tools
 from edge_spec.decode.engine import Prefill, Step, run_steps
 from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
+from edge_spec.device.learned import LearnedKey, LearnedStore
+from edge_spec.device.profile import DeviceProfile, load_or_profile
 from edge_spec.drafts import DraftSource, NgramDraft
 from edge_spec.drafts.head import HeadDraft
 from edge_spec.errors import InvalidRequestError
@@ -36,7 +39,7 @@ from edge_spec.models.placement import plan_placement
 from edge_spec.models.templates import render_chat
 from edge_spec.modes import HEAD, DraftMode
 from edge_spec.policy import make_policy
-from edge_spec.policy.cost import DRAFT_FREE_RISK
+from edge_spec.policy.cost import DRAFT_FREE_RISK, CostModelK
 from edge_spec.policy.types import CostCurve, KPolicy, SourceName
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,10 @@ class EdgeSpec:
         config: EngineConfig | None = None,
     ) -> None:
         self.config = cfg = config or EngineConfig()
+        self._learned = LearnedStore(fresh=cfg.fresh)
+        # What the policies learned is saved at close, or when the interpreter exits for an
+        # engine never closed (the finalizer holds the store, not the engine).
+        self._save_learned = weakref.finalize(self, self._learned.flush)
         choice = assembly.choose_models(target, draft, draft_mode, cfg)
         self.default_draft_mode: DraftMode = choice.mode
         self.target_path, self.draft_path = choice.target_path, choice.draft_path
@@ -85,9 +92,11 @@ class EdgeSpec:
             raise
         self._policies: dict[tuple[object, ...], KPolicy] = {}
         self._costs: CostCurve | None = None
+        self._profile: DeviceProfile | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        self._save_learned()
         if self.draft is not None:
             self.draft.close()
         self.target.close()
@@ -282,6 +291,7 @@ class EdgeSpec:
                 content=content,
                 constraint_complete=constraint.complete if constraint is not None else None,
             )
+            self._learned.request_done()
             yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
 
     def _recover(self) -> None:
@@ -342,7 +352,7 @@ class EdgeSpec:
         )
         if key not in self._policies:
             costs = self.cost_curve(learned) if policy_name == "cost" else None
-            self._policies[key] = make_policy(
+            policy = make_policy(
                 policy_name,
                 costs,
                 k=k,
@@ -351,6 +361,11 @@ class EdgeSpec:
                 model_prior=self._head_prior() if learned == HEAD else None,
                 risk=DRAFT_FREE_RISK if mode == "ngram" else None,
             )
+            if isinstance(policy, CostModelK) and self._profile is not None:
+                head = str(self.head_dir) if learned == HEAD else None
+                where = LearnedKey(self._profile.key, self._profile.created, (*key, head))
+                self._learned.attach(where, policy)
+            self._policies[key] = policy
         return sources, self._policies[key]
 
     def _head_prior(self) -> float | None:
@@ -373,8 +388,6 @@ class EdgeSpec:
                 draft_verify_s=(head.token_s, head.token_s),
             )
         if self._costs is None:
-            from edge_spec.device.profile import load_or_profile
-
             profile = load_or_profile(
                 self.target_path,
                 self.draft_path,
@@ -383,6 +396,7 @@ class EdgeSpec:
                 quick=True,
                 rpc_servers=self.config.rpc_servers,
             )
+            self._profile = profile
             self._costs = profile.cost_curve()
         return self._costs
 

@@ -171,11 +171,19 @@ def any_added() -> bool:
 
 
 def _offload_devices() -> list[int]:
+    """Non-CPU devices that are not rpc-servers (whose devices report themselves as GPUs; one
+    added earlier in this process, say by a test, is not this machine's)."""
     return [
         dev
         for dev in (_fn.ggml_backend_dev_get(i) for i in range(_fn.ggml_backend_dev_count()))
         if _fn.ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU
+        and not (_fn.ggml_backend_dev_name(dev) or b"").startswith(b"RPC")
     ]
+
+
+def local_device_types() -> list[int]:
+    """ggml_backend_dev_type of each of local_devices()."""
+    return [int(_fn.ggml_backend_dev_type(dev)) for dev in local_devices()]
 
 
 def rpc_devices(endpoints: tuple[RpcEndpoint, ...]) -> list[int]:

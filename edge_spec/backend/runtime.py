@@ -15,7 +15,6 @@ from pathlib import Path
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 import llama_cpp  # noqa: E402
-from llama_cpp._ggml import libggml as _libggml  # noqa: E402
 
 from edge_spec.errors import InvalidRequestError, ModelFileError
 from edge_spec.gguf.validate import validate_gguf
@@ -71,8 +70,6 @@ FTYPES = {
 
 # ggml_backend_dev_type: CPU 0, GPU 1, IGPU 2, ACCEL 3.
 _GPU_DEVICE_TYPES = (1, 2)
-_libggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-_libggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
 
 
 def supports_gpu_offload() -> bool:
@@ -81,7 +78,9 @@ def supports_gpu_offload() -> bool:
     are other machines (backend.rpc): those are asked for explicitly."""
     if not llama_cpp.llama_supports_gpu_offload():
         return False
-    return any(_libggml.ggml_backend_dev_by_type(t) for t in _GPU_DEVICE_TYPES)
+    from edge_spec.backend.rpc import local_device_types  # rpc-servers' devices say GPU too
+
+    return any(t in _GPU_DEVICE_TYPES for t in local_device_types())
 
 
 def llama_cpp_version() -> str:

@@ -40,6 +40,7 @@ class Setup:
     draft: str | None
     n_ctx: int
     n_threads: int | None = None
+    fresh: bool = False  # each process or server starts its policy from the priors
 
 
 def strategy_flags(strategy: Strategy) -> list[str]:
@@ -61,6 +62,8 @@ def _setup_flags(setup: Setup, strategy: Strategy) -> list[str]:
         flags += ["--draft", setup.draft]
     if setup.n_threads:
         flags += ["--threads", str(setup.n_threads)]
+    if setup.fresh:
+        flags.append("--fresh")
     return flags
 
 

@@ -76,7 +76,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="chatml, gemma, or a Jinja file (default: the model's own; a built-in for its "
         "architecture if it has none)",
     )
+    add_fresh_argument(parser)
     add_rpc_argument(parser)
+
+
+def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start the cost policy from its priors instead of what earlier runs learned on "
+        "this machine for these models and settings (what it learns now replaces that)",
+    )
 
 
 def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +198,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         use_head=getattr(args, "draft", None) is None,
         rpc_servers=rpc_servers(args),
         rpc_timeout_s=args.rpc_timeout,
+        fresh=args.fresh,
     )
 
 

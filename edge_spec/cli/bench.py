@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from edge_spec.cli.args import add_rpc_argument, add_subcommand, rpc_servers
+from edge_spec.cli.args import add_fresh_argument, add_rpc_argument, add_subcommand, rpc_servers
 from edge_spec.prompts import PROMPT_SETS
 
 NAME = "bench"
@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "re-emit what the prompt holds",
     )
     bench.add_argument("--quick", action="store_true", help="2 prompts per category (CI)")
+    add_fresh_argument(bench)
     add_rpc_argument(bench)
     bench.add_argument("--categories", nargs="+", default=None)
     bench.add_argument(
@@ -180,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             str(resolve(draft)) if draft else None,
             args.ctx_size,
             args.threads,
+            fresh=args.fresh,
         )
         if args.fresh_processes:
             runs = run_fresh_processes(
@@ -233,6 +235,7 @@ def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, 
         use_head=args.draft is None,
         rpc_servers=rpc_servers(args),
         rpc_timeout_s=args.rpc_timeout,
+        fresh=args.fresh,
     )
     with EdgeSpec(target, draft, config=config) as spec:
         setup = PeerSetup(

@@ -4,9 +4,11 @@ cost curve, within the request's risk ledger."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from edge_spec.drafts.candidates import Consensus, NgramCandidate
 from edge_spec.policy.estimators import (
@@ -160,6 +162,64 @@ class CostModelK:
         # Seconds the model's chosen (not probing) steps saved against plain steps, with its
         # cache in sync, per recent request (the last: the current one).
         self._model_gains: deque[float] = deque(maxlen=MODEL_GAIN_REQUESTS)
+        self._reset_request()
+
+    # ---- what carries over between processes (edge_spec.policy.learned) ----
+
+    def state(self) -> dict[str, Any]:
+        """What the policy learned across requests, as numbers only: acceptance per source,
+        match length and consensus, confidence calibration, branch yields, the online cost
+        ratios, the probes' backoff and the model draft's recent gains (the verdict on
+        prefilling it). Nothing of any request's text."""
+        return {
+            "model": self.model.state(),
+            "ngram": {f"{m}/{kind}": est.state() for (m, kind), est in self.ngram.items()},
+            "calibration": self.calibration.state(),
+            "branch_yield": self.branch_yield.state(),
+            "alternate_yield": self.alternate_yield.state(),
+            "costs": self.costs.state(),
+            "probe_intervals": {name: probe.interval for name, probe in self.probes.items()},
+            "model_gains": list(self._model_gains),
+            "since_model_s": self._since_model_s,
+            "scored_ngram": self._scored_ngram,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take up a state() saved by an earlier process with the same settings; raises
+        ValueError (and keeps what it had) when the state does not fit this policy."""
+        before = self.state()
+        try:
+            self._restore(state)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            self._restore(before)
+            raise ValueError(f"learned state does not fit: {exc}") from exc
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        self.model.restore(state["model"])
+        ngram = state["ngram"]
+        if set(ngram) != {f"{m}/{kind}" for m, kind in self.ngram}:
+            raise ValueError("n-gram buckets differ")
+        for (m, kind), est in self.ngram.items():
+            est.restore(ngram[f"{m}/{kind}"])
+        self.calibration.restore(state["calibration"])
+        self.branch_yield.restore(state["branch_yield"])
+        self.alternate_yield.restore(state["alternate_yield"])
+        self.costs.restore(state["costs"])
+        intervals = state["probe_intervals"]
+        for name, probe in self.probes.items():
+            interval = int(intervals[name])
+            if not self.probe_min <= interval <= self.probe_max:
+                raise ValueError(f"probe interval {interval} out of range")
+            probe.interval, probe.since, probe.pending = interval, 0, False
+        gains = [float(g) for g in state["model_gains"]][-MODEL_GAIN_REQUESTS:]
+        if not all(math.isfinite(g) for g in gains):
+            raise ValueError("model gains must be finite")
+        self._model_gains = deque(gains, maxlen=MODEL_GAIN_REQUESTS)
+        since = float(state["since_model_s"])
+        if not (math.isfinite(since) and since >= 0):
+            raise ValueError("since_model_s out of range")
+        self._since_model_s = since
+        self._scored_ngram = bool(state["scored_ngram"])
         self._reset_request()
 
     # ---- per request / per step state ----

@@ -5,8 +5,8 @@ from measured step times."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edge_spec.policy.types import CostCurve, StepOutcome
@@ -70,6 +70,19 @@ class AcceptanceEstimate:
             self._reached = self.reached
             self._scale = 1.0
 
+    def state(self) -> dict[str, list[float]]:
+        """The decayed counts (edge_spec.policy.learned saves them between processes)."""
+        return {"accepted": self.accepted, "reached": self.reached}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Counts saved by state(); raises ValueError for another shape or impossible counts."""
+        accepted = _floats(state, "accepted", len(self._accepted))
+        reached = _floats(state, "reached", len(self._reached))
+        if any(a > r + 1e-9 for a, r in zip(accepted, reached)):
+            raise ValueError("more acceptances than drafts reached")
+        self._accepted, self._reached, self._scale = accepted, reached, 1.0
+        self._alphas = None
+
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         """A step drafted n_drafted tokens and the first n_accepted of them were accepted."""
         if n_drafted <= 0:
@@ -125,6 +138,13 @@ class RatioEstimate:
         w = self.prior_weight
         return (self._observed + w * self.prior) / (self._expected + w)
 
+    def state(self) -> dict[str, float]:
+        return {"expected": self._expected, "observed": self._observed}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self._expected = _float(state, "expected")
+        self._observed = _float(state, "observed")
+
     def observe(self, expected: float, observed: float) -> None:
         self._expected = self.decay * self._expected + expected
         self._observed = self.decay * self._observed + observed
@@ -154,6 +174,16 @@ class ConfidenceCalibration:
         w = self.prior_weight
         return (self.accepted[b] + w * confidence) / (self.seen[b] + w)
 
+    def state(self) -> dict[str, list[float]]:
+        return {"accepted": list(self.accepted), "seen": list(self.seen)}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        accepted = _floats(state, "accepted", len(self.accepted))
+        seen = _floats(state, "seen", len(self.seen))
+        if any(a > s + 1e-9 for a, s in zip(accepted, seen)):
+            raise ValueError("more acceptances than tokens seen")
+        self.accepted, self.seen = accepted, seen
+
     def observe(self, confidences: Sequence[float], n_accepted: int) -> None:
         """Tokens < n_accepted were accepted, token n_accepted rejected, later ones unseen."""
         d = self.decay
@@ -176,6 +206,17 @@ class _LogRatio:
         self.value = 0.0
         self.n = 0
 
+    def state(self) -> list[float]:
+        return [self.value, float(self.n)]
+
+    def restore(self, state: Any) -> None:
+        if not isinstance(state, list) or len(state) != 2:
+            raise ValueError("a log ratio is [value, n]")
+        value, n = (_finite(x) for x in state)
+        if abs(value) > _LOG8 + 1e-9 or n < 0:
+            raise ValueError("log ratio out of range")
+        self.value, self.n = value, int(n)
+
     def observe(self, measured: float, predicted: float, start: float = 0.0) -> None:
         """start: the log-ratio believed before the first sample (the first one moves it by
         at most `clip`)."""
@@ -191,6 +232,35 @@ class _LogRatio:
 
 
 _LOG8 = math.log(8.0)
+
+
+def _finite(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    return float(value)
+
+
+def _float(state: Mapping[str, Any], name: str) -> float:
+    """A saved count or sum: finite and not negative."""
+    if not isinstance(state, Mapping):
+        raise ValueError("not a mapping")
+    value = _finite(state.get(name))
+    if value < 0:
+        raise ValueError(f"{name} is negative")
+    return value
+
+
+def _floats(state: Mapping[str, Any], name: str, n: int) -> list[float]:
+    if not isinstance(state, Mapping):
+        raise ValueError("not a mapping")
+    values = state.get(name)
+    if not isinstance(values, list) or len(values) != n:
+        raise ValueError(f"{name}: expected {n} values")
+    out = [_finite(v) for v in values]
+    if min(out, default=0.0) < 0:
+        raise ValueError(f"{name}: negative count")
+    return out
+
 
 # Per measured step, how far every other batch size's own ratio moves toward the pooled one.
 # The policy measures a size only by choosing it, so without this one step slowed by another
@@ -214,6 +284,29 @@ class OnlineCosts:
         self.overhead_s = 0.0
         self._n_overhead = 0
         self._t: list[float] | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "verify": [ratio.state() for ratio in self._verify],
+            "verify_all": self._verify_all.state(),
+            "draft": self._draft.state(),
+            "overhead_s": self.overhead_s,
+            "n_overhead": self._n_overhead,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        verify = state.get("verify")
+        if not isinstance(verify, list) or len(verify) != len(self._verify):
+            raise ValueError(f"verify ratios: expected {len(self._verify)}")
+        for ratio, saved in zip(self._verify, verify):
+            ratio.restore(saved)
+        self._verify_all.restore(state.get("verify_all"))
+        self._draft.restore(state.get("draft"))
+        overhead_s = _float(state, "overhead_s")
+        if overhead_s > 0.1 * self.profile.t(1):  # never more than observe() lets in
+            raise ValueError("per-step overhead out of range")
+        self.overhead_s, self._n_overhead = overhead_s, int(_float(state, "n_overhead"))
+        self._t = None
 
     def _log_ratio(self, n: int) -> float:
         # A size never measured takes the ratio of the nearest smaller size that was (the
