@@ -280,7 +280,7 @@ def test_same_seed_same_text_with_the_session_on_off_and_after_other_requests(
 
     draft = resolve("smollm2-135m-q4_0", progress=False)
     seed = 7
-    cfg = GenerationConfig(max_tokens=48, sampling=SamplingParams(temperature=0.8, seed=seed))
+    cfg = GenerationConfig(max_tokens=32, sampling=SamplingParams(temperature=0.8, seed=seed))
     with (
         EdgeSpec(smollm2_path, draft, config=EngineConfig(n_ctx=1024)) as spec,
         EdgeSpec(
