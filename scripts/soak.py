@@ -98,7 +98,8 @@ class Soak:
                 self.record(kind, t0, r.status_code == 400, f"{r.status_code}")
             elif kind == "overlong":
                 r = client.post(chat, json=self.body("word " * 3000))
-                self.record(kind, t0, r.status_code == 400, f"{r.status_code}")
+                # 413 context_length_exceeded: the server's answer to a prompt over the context
+                self.record(kind, t0, r.status_code in (400, 413), f"{r.status_code}")
             else:  # a conversation of three turns under a fresh prompt_cache_key
                 key = uuid.uuid4().hex
                 messages = [{"role": "user", "content": f"Name three facts about {topic}."}]
@@ -140,7 +141,7 @@ def main() -> int:
     log_path = Path(args.out).with_suffix(".log")
     command = [sys.executable, "-m", "edge_spec.cli", "serve", "--port", str(port),
                "--ctx-size", "2048", "--max-queue", "64", "--queue-timeout", "600",
-               "--max-sessions", str(args.max_sessions)]  # fmt: skip
+               "--max-sessions", str(args.max_sessions), "--model-alias", "m"]  # fmt: skip
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
