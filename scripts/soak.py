@@ -30,7 +30,11 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edge_spec.bench.outside import free_port  # noqa: E402
+from edge_spec.bench.outside import (  # noqa: E402
+    SERVER_START_TIMEOUT_S,
+    free_port,
+    wait_until_healthy,
+)
 
 TOPICS = ["rain", "bicycles", "the moon", "tea", "volcanoes", "chess", "bread", "owls", "maps"]
 SCHEMA = {
@@ -146,15 +150,8 @@ def main() -> int:
         server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited: see {log_path}")
-            time.sleep(0.5)
+        if not wait_until_healthy(url, server, SERVER_START_TIMEOUT_S):
+            raise SystemExit(f"the server did not start: see {log_path}")
         process = psutil.Process(server.pid)
         soak = Soak(url, args.max_tokens)
         rng = random.Random(args.seed)

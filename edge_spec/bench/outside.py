@@ -149,11 +149,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_until_healthy(url: str, server: subprocess.Popen[Any], timeout_s: float) -> bool:
+    """Wait for `edge-spec serve` at url to answer /health with 200: True once it does, False
+    if the process exits first or timeout_s passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
+
+
 @contextmanager
 def running_server(options: Sequence[str]) -> Iterator[tuple[str, Any, str]]:
     """`edge-spec serve` with these options on a free 127.0.0.1 port, once /health answers:
     (its URL, an openai client for it, the model it serves). Stopped on exit."""
-    import httpx
     import openai
 
     port = free_port()
@@ -161,17 +177,9 @@ def running_server(options: Sequence[str]) -> Iterator[tuple[str, Any, str]]:
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                err = server.stderr.read().decode(errors="replace") if server.stderr else ""
-                raise EdgeSpecError(f"edge-spec serve {' '.join(options)} did not start: {err}")
-            time.sleep(0.3)
+        if not wait_until_healthy(url, server, SERVER_START_TIMEOUT_S):
+            err = server.stderr.read().decode(errors="replace") if server.stderr else ""
+            raise EdgeSpecError(f"edge-spec serve {' '.join(options)} did not start: {err}")
         client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=900)
         yield url, client, client.models.list().data[0].id
     finally:

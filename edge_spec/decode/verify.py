@@ -123,15 +123,25 @@ def verify_tree(
             return argmax(target_logits[row])
         return keys.draw(target_logits[row], params, first_position + depth)[0]
 
+    path, chosen = _walk(children, choose)
+    return Verdict(tuple(tokens[i] for i in path) + (chosen,), len(path), tuple(path))
+
+
+def _walk(
+    children: dict[tuple[int, int], int], choose: Callable[[int, int], int]
+) -> tuple[list[int], int]:
+    """The walk every tree verification makes: from the context's last token (row 0), the
+    target chooses (choose(row, depth)); a child that is that token is accepted and the walk
+    goes on from its row (1 + its index). Returns (the accepted nodes, the token that ended it)."""
     path: list[int] = []
     node = -1
     while True:
         chosen = choose(node + 1, len(path))
-        node = children.get((node, chosen), -2)
-        if node == -2:
-            accepted = tuple(tokens[i] for i in path)
-            return Verdict(accepted + (chosen,), len(path), tuple(path))
-        path.append(node)
+        child = children.get((node, chosen))
+        if child is None:
+            return path, chosen
+        path.append(child)
+        node = child
 
 
 def verify_constrained(
@@ -156,10 +166,9 @@ def verify_constrained(
     tokens = _checked_tokens(draft_tokens, target_logits, "target_logits")
     chain = not parents
     children = check_tree(tokens, range(-1, len(tokens) - 1) if chain else parents)
-    path: list[int] = []
-    node = -1
-    while True:
-        row = target_logits[node + 1]
+
+    def choose(index: int, depth: int) -> int:
+        row = target_logits[index]
         if params.greedy:
             chosen = argmax(row)
             if not constraint.allows(chosen):
@@ -169,14 +178,13 @@ def verify_constrained(
         else:
             row = row.copy()
             constraint.mask(row)
-            chosen = keys.draw(row, params, first_position + len(path))[0]
+            chosen = keys.draw(row, params, first_position + depth)[0]
         constraint.advance([chosen])
-        nxt = children.get((node, chosen))
-        if nxt is None:
-            accepted = tuple(tokens[i] for i in path)
-            return Verdict(accepted + (chosen,), len(path), () if chain else tuple(path))
-        path.append(nxt)
-        node = nxt
+        return chosen
+
+    path, chosen = _walk(children, choose)
+    accepted = tuple(tokens[i] for i in path)
+    return Verdict(accepted + (chosen,), len(path), () if chain else tuple(path))
 
 
 def check_tree(tokens: Sequence[int], parents: Sequence[int]) -> dict[tuple[int, int], int]:
