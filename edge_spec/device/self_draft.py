@@ -106,7 +106,8 @@ def choose(target_path: Path, sha: str, *, n_threads: int | None = None) -> Self
     log.info("self-draft for %s: reading it", target_path.name)
     reader = read_gguf(target_path)
     with LlamaModel(target_path, n_ctx=1024, n_threads=n_threads) as target:
-        arch, n_layer = target.info.architecture, _block_count(reader)
+        arch = target.info.architecture
+        n_layer = _block_count(target_path, arch)
         probes = _probes(target)
         candidates: list[Candidate] = []
 
@@ -204,12 +205,11 @@ def _one_token_cost_ratio(draft, target) -> float:
     return statistics.median(draft_times[1]) / statistics.median(target_times[1])
 
 
-def _block_count(reader) -> int:
-    arch = str(reader.fields["general.architecture"].contents())
-    field = reader.fields.get(f"{arch}.block_count")
-    if field is None:
+def _block_count(path: Path, arch: str) -> int:
+    n_layer = validate_gguf(path).metadata.get(f"{arch}.block_count")
+    if not isinstance(n_layer, int):
         raise ModelFileError(f"{arch} model has no block_count: no self-draft")
-    return int(field.contents())
+    return n_layer
 
 
 def _record_path(sha: str) -> Path:
