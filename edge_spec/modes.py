@@ -12,4 +12,5 @@ DraftMode = Literal["auto", "model", "ngram", "none", "self", "head"]
 # the draft head `edge-spec head train` made for the target (edge_spec.drafts.head).
 DRAFT_MODES: tuple[str, ...] = ("auto", "model", "ngram", "none", "self", "head")
 SELF = "self"  # as a draft name: the self-draft, derived from the target
+AUTO_DRAFT = "auto"  # as a draft name: the best local draft (edge_spec.models.stores)
 HEAD = "head"

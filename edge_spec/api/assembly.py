@@ -17,8 +17,9 @@ from edge_spec.drafts.head import HeadDraft
 from edge_spec.drafts.vocab import check_compatible
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, VocabMismatchError
 from edge_spec.models.heads import find_head
+from edge_spec.models.stores import DraftChoice
 from edge_spec.models.templates import ChatTemplate, choose_template
-from edge_spec.modes import DRAFT_MODES, HEAD, SELF, DraftMode
+from edge_spec.modes import AUTO_DRAFT, DRAFT_MODES, HEAD, SELF, DraftMode
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class ModelChoice:
     draft_path: Path | None  # a draft model (the self-draft's derived file included)
     draft_is_self: bool  # the draft is the target less some blocks (derived on first use)
     head_dir: Path | None  # a draft head trained for the target, where one drafts
+    draft_choice: DraftChoice | None = None  # draft "auto": what was chosen, and why
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,13 @@ def choose_models(
     if mode == "self" and draft is not None and str(draft) != SELF:
         raise InvalidRequestError("draft_mode 'self' derives its draft from the target: no draft")
     draft_is_self = mode == "self" or (draft is not None and str(draft) == SELF)
+    draft_choice = None
+    if draft is not None and str(draft) == AUTO_DRAFT and not draft_is_self:
+        from edge_spec.models.stores import choose_draft
+
+        draft_choice = choose_draft(target_path)
+        log.info("draft for %s: %s", target_path.name, draft_choice.reason)
+        draft = draft_choice.draft
     if draft_is_self:
         draft_path: Path | None = self_draft_path(target_path, n_threads=config.n_threads)
     else:
@@ -81,7 +90,7 @@ def choose_models(
                 f"no draft head for {target_path.name}: train one with "
                 f"`edge-spec head train -m {target_path}`"
             )
-    return ModelChoice(mode, target_path, draft_path, draft_is_self, head_dir)
+    return ModelChoice(mode, target_path, draft_path, draft_is_self, head_dir, draft_choice)
 
 
 def rpc_devices(config: EngineConfig) -> Devices:

@@ -49,7 +49,10 @@ DEFAULT_K = 4  # the fixed policy's draft length when none is given (the heurist
 
 class EdgeSpec:
     """A target GGUF model with an optional GGUF draft; not safe for concurrent requests (a lock
-    serializes them)."""
+    serializes them). Each is a manifest name, a path, or a name in a local store
+    (`ollama:NAME[:TAG]`, `lmstudio:PUBLISHER/REPO[/FILE]`, `hf:ORG/REPO[/FILE]`); the draft
+    may also be "self" (derived from the target) or "auto" (the best local draft for the
+    target, edge_spec.models.stores.choose_draft: see draft_choice)."""
 
     def __init__(
         self,
@@ -68,6 +71,7 @@ class EdgeSpec:
         self.default_draft_mode: DraftMode = choice.mode
         self.target_path, self.draft_path = choice.target_path, choice.draft_path
         self.draft_is_self = choice.draft_is_self
+        self.draft_choice = choice.draft_choice  # draft="auto": the local draft chosen, and why
         devices = assembly.rpc_devices(cfg)
         if cfg.verify_in_child:
             assembly.check_files(choice)

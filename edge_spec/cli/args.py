@@ -43,14 +43,17 @@ def add_model_arguments(
     parser.add_argument(
         "--target",
         "-m",
-        help=f"target model: manifest name or GGUF path (default: {target_default})",
+        help=f"target model: manifest name, GGUF path, or a local store's model: "
+        f"ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[/FILE], hf:ORG/REPO[/FILE] "
+        f"(`edge-spec models scan` lists them; default: {target_default})",
     )
     parser.add_argument(
         "--draft",
         "-md",
         help=draft_help
-        or "draft model: manifest name or GGUF path (default: the manifest pair's draft for the "
-        "target; 'self' derives one from the target)",
+        or "draft model, named like the target (default: the manifest pair's draft for a "
+        "manifest target, else the best local draft for it, printed with the reason; "
+        "'self' derives one from the target)",
     )
     parser.add_argument(
         "--draft-mode",
@@ -61,6 +64,23 @@ def add_model_arguments(
         "or a plain step; model, ngram, head: that source or a plain step; self: the draft is "
         "the target less some blocks, derived and chosen on first use; none: the target alone",
     )
+
+
+def pick_models(
+    args: argparse.Namespace, *, chat: bool = False, draft_mode: str = "auto"
+) -> tuple[str, str | None, str | None]:
+    """(target, draft, why that draft): the manifest pair for manifest names, else the best
+    local draft for a target given without one (edge_spec.models.cache.pick_pair); the
+    choice is printed to stderr."""
+    import sys
+
+    from edge_spec.models.cache import pick_pair
+
+    target, draft, choice = pick_pair(args.target, args.draft, chat=chat, draft_mode=draft_mode)
+    if choice is None:
+        return target, draft, None
+    print(f"edge-spec: draft: {choice.reason}", file=sys.stderr)
+    return target, draft, choice.reason
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,7 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from edge_spec.cli.args import add_fresh_argument, add_rpc_argument, add_subcommand, rpc_servers
+from edge_spec.cli.args import (
+    add_fresh_argument,
+    add_rpc_argument,
+    add_subcommand,
+    pick_models,
+    rpc_servers,
+)
 from edge_spec.prompts import PROMPT_SETS
 
 NAME = "bench"
@@ -106,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
     from edge_spec.bench.results import write_results
     from edge_spec.bench.runner import parse_strategy, plan_entries
     from edge_spec.errors import InvalidRequestError
-    from edge_spec.models import choose_pair
     from edge_spec.prompts import load_prompts
 
     if args.max_tokens is None:
@@ -160,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     # --chat, --agentic or --structured without a target: the chat pair (the default pair's
     # has no template).
     chat = args.chat or args.agentic or args.structured
-    target, draft = choose_pair(args.target, args.draft, chat=chat)
+    target, draft, _ = pick_models(args, chat=chat)
     n_entries = len(plan_entries(strategies, [])) + len(peer_names)
     n_requests_total = n_requests(sessions) if args.agentic else len(prompts) + len(tasks)
     n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries

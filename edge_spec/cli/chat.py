@@ -32,6 +32,7 @@ from edge_spec.cli.args import (
     add_subcommand,
     engine_config,
     generation_config,
+    pick_models,
 )
 from edge_spec.errors import EdgeSpecError
 
@@ -64,10 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edge_spec.api import EdgeSpec
-    from edge_spec.models import choose_pair
 
     config = generation_config(args)
-    target, draft = choose_pair(args.target, args.draft, chat=True, draft_mode=args.draft_mode)
+    target, draft, _ = pick_models(args, chat=True, draft_mode=args.draft_mode)
     try:
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:  # pragma: no cover - not on every platform

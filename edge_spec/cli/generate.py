@@ -22,6 +22,7 @@ from edge_spec.cli.args import (
     add_subcommand,
     engine_config,
     generation_config,
+    pick_models,
 )
 from edge_spec.errors import InvalidRequestError
 
@@ -51,19 +52,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edge_spec.api import EdgeSpec
-    from edge_spec.models import choose_pair
 
     prompt = _read_prompt(args)
     # --draft is ignored by the draft-free modes, so one command line switches between them;
     # --chat without a target takes the chat pair (the default pair's target is a base model).
-    target, draft = choose_pair(args.target, args.draft, chat=args.chat, draft_mode=args.draft_mode)
+    target, draft, why = pick_models(args, chat=args.chat, draft_mode=args.draft_mode)
     config = generation_config(args)
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
         if args.chat:
             prompt = spec.render_chat([{"role": "user", "content": prompt}], config.tools)
         if args.json:
             result = spec.generate(prompt, config)
-            print(json.dumps(result.to_dict(), indent=2))
+            out = result.to_dict()
+            if why is not None:
+                out["draft_choice"] = why
+            print(json.dumps(out, indent=2))
             return 0
         result = None
         for delta in spec.stream(prompt, config):

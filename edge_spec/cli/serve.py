@@ -20,6 +20,7 @@ from edge_spec.cli.args import (
     add_model_arguments,
     add_policy_arguments,
     add_subcommand,
+    pick_models,
 )
 from edge_spec.cli.args import engine_config as cli_engine_config
 from edge_spec.errors import EdgeSpecError, InvalidRequestError
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeSpecError(INSTALL_HINT) from exc
     from edge_spec.api import EdgeSpec, GenerationConfig
     from edge_spec.models.cache import resolve
-    from edge_spec.models.manifest import choose_pair
+    from edge_spec.models.stores import is_store_name
     from edge_spec.server.app import ServerConfig, create_app
     from edge_spec.server.schemas import RequestLimits
 
@@ -112,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
     keys = args.api_key or os.environ.get("EDGE_SPEC_API_KEY", "").split(",")
     api_keys = tuple(dict.fromkeys(k.strip() for k in keys if k and k.strip()))
     # A server's first client is a chat: with no model flags, the chat pair.
-    target_name, draft_name = choose_pair(
-        args.target, args.draft, chat=True, draft_mode=args.draft_mode
-    )
+    target_name, draft_name, draft_choice = pick_models(args, chat=True, draft_mode=args.draft_mode)
     target_path = resolve(target_name)  # fetches a missing manifest model before binding
     draft_path = resolve(draft_name) if draft_name and draft_name != SELF else draft_name
     engine_config = replace(
@@ -128,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
         k=args.k, k_max=args.k_max, tree_nodes=args.tree_nodes, policy=args.policy, session=None
     )
     # A manifest name is its file's stem; a path is listed by its stem but accepted as given.
-    ids = [args.model_alias, target_path.stem, target_name]
+    # A store's name (ollama:..., whose file is a sha256 blob) is listed as given.
+    listed = target_name if is_store_name(target_name) else target_path.stem
+    ids = [args.model_alias, listed, target_name]
     config = ServerConfig(
         model_ids=tuple(dict.fromkeys(i for i in ids if i)),
         limits=RequestLimits(base, args.max_tokens_limit, args.draft_mode),
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         model_details={
             "target": str(target_path),
             "draft": str(draft_path) if draft_path else None,
+            "draft_choice": draft_choice,
             "draft_mode": args.draft_mode,
             "policy": args.policy,
             "k": args.k,

@@ -10,6 +10,7 @@ so a rerun of `prepare` stats the files instead of hashing them again.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -28,8 +29,10 @@ from tqdm import tqdm
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
 from edge_spec.files import TMP_SUFFIX, HashCache, atomic_output, hash_file
 from edge_spec.files import locked as _locked
+from edge_spec.models import stores
 from edge_spec.models.manifest import (
     ModelEntry,
+    choose_pair,
     derivation_depth,
     list_models,
     load_manifest,
@@ -125,6 +128,8 @@ def resolve(name_or_path: str, prepare_missing: bool = True, progress: bool = Tr
     """
     if not name_or_path or not name_or_path.strip():
         raise InvalidRequestError("empty model name or path")
+    if stores.is_store_name(name_or_path):
+        return stores.resolve_store_name(name_or_path)
     models = load_manifest().models
     if name_or_path in models:
         if prepare_missing:
@@ -145,7 +150,13 @@ def resolve(name_or_path: str, prepare_missing: bool = True, progress: bool = Tr
     )
     if path.exists() or looks_like_path:
         return path
-    raise ModelFileError(unknown_message(name_or_path, models) + "; or pass a path to a .gguf")
+    in_stores = [f.name for f in stores.scan(read_headers=False)]
+    close = difflib.get_close_matches(name_or_path, in_stores, n=3, cutoff=0.3)
+    close += [n for n in in_stores if name_or_path in n and n not in close][:3]
+    local = f"; in your local stores: {', '.join(close)}" if close else ""
+    raise ModelFileError(
+        unknown_message(name_or_path, models) + local + "; or pass a path to a .gguf"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,3 +309,28 @@ def _check_free_space(directory: Path, builds: list[ModelEntry]) -> None:
             f"not enough disk space in {directory}: need about {need_bytes >> 20} MiB, "
             f"{free_bytes >> 20} MiB free (set EDGE_SPEC_CACHE to use another disk)"
         )
+
+
+def pick_pair(
+    target: str | None,
+    draft: str | None,
+    *,
+    chat: bool = False,
+    draft_mode: str = "auto",
+) -> tuple[str, str | None, stores.DraftChoice | None]:
+    """The models a command loads, as manifest.choose_pair picks them, and for a target that
+    is not a manifest name (a store name, a path) given without a draft in the auto or model
+    mode, the best local draft (stores.choose_draft) with the reason: (target, draft, the choice or
+    None where none was made). The manifest pairs stay the defaults for manifest names."""
+    if (
+        target is None
+        or draft is not None
+        or draft_mode not in ("auto", "model")
+        or target in load_manifest().models
+    ):
+        target_name, draft_name = choose_pair(target, draft, chat=chat, draft_mode=draft_mode)
+        return target_name, draft_name, None
+    choice = stores.choose_draft(resolve(target))
+    if choice.draft is None and draft_mode == "model":
+        raise InvalidRequestError(f"no local model can draft for {target}: give --draft")
+    return target, choice.draft, choice
