@@ -108,7 +108,6 @@ def test_bench_command_writes_results(tmp_path) -> None:
             "math_reasoning",
             "--strategies",
             "auto",
-            "ngram-k4",
             "model-k2",
             "lcpp-lookup",
             "--max-tokens",
@@ -124,10 +123,10 @@ def test_bench_command_writes_results(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "results.json").read_text())
-    strategies = {"target", "none", "auto", "ngram-k4", "model-k2", "lcpp-lookup"}
+    strategies = {"target", "none", "auto", "model-k2", "lcpp-lookup"}
     assert {r["strategy"] for r in record["runs"]} == strategies
-    # 4 quick prompts x (the target alone twice + 3 strategies + 1 peer)
-    assert len(record["runs"]) == 4 * 6
+    # 4 quick prompts x (the target alone twice + 2 strategies + 1 peer)
+    assert len(record["runs"]) == 4 * 5
     assert record["versions"]["llama_cpp_python"] and record["peak_rss_bytes"] > 0
     assert "CPU" in record["versions"]["llama_cpp_build"]
     summaries = {(s["category"], s["strategy"]): s for s in record["summaries"]}

@@ -20,7 +20,7 @@ from edge_spec.policy.simple import FixedK
 # tests of other modules running in between do not tear them down) are built once.
 pytestmark = [pytest.mark.models, pytest.mark.xdist_group("engine_real")]
 log = logging.getLogger(__name__)
-N_TOKENS = 32
+N_TOKENS = 24
 K = 4
 
 

@@ -731,7 +731,7 @@ PROMPT_TOPICS = [
 ]
 
 
-N_MIXED = 8  # requests each concurrent client sends, in its own order
+N_MIXED = 6  # requests each concurrent client sends, in its own order
 
 
 def _request(client: openai.OpenAI, i: int) -> tuple[str, str, int]:
