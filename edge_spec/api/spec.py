@@ -31,7 +31,7 @@ from edge_spec.decode.engine import Prefill, Step, run_steps
 from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
 from edge_spec.device.learned import LearnedKey, LearnedStore
-from edge_spec.device.profile import DeviceProfile, load_or_profile
+from edge_spec.device.profile import DeviceProfile, cached_profile, load_or_profile
 from edge_spec.drafts import DraftSource, NgramDraft
 from edge_spec.drafts.head import HeadDraft
 from edge_spec.errors import InvalidRequestError
@@ -98,6 +98,22 @@ class EdgeSpec:
         self._costs: CostCurve | None = None
         self._profile: DeviceProfile | None = None
         self._lock = threading.Lock()
+        if self.default_draft_mode != "none":
+            self._costs_if_measured()
+
+    def _costs_if_measured(self) -> None:
+        """The device profile read at load where one was measured for this pair (nothing is
+        measured here): its key hashes the llama.cpp libraries and the models, 20-30 ms that
+        a one-shot run's first request paid before its first token otherwise."""
+        profile = cached_profile(
+            self.target_path,
+            self.draft_path,
+            n_threads=self.target.n_threads,
+            n_gpu_layers=self.config.n_gpu_layers,
+            rpc_servers=self.config.rpc_servers,
+        )
+        if profile is not None:
+            self._profile, self._costs = profile, profile.cost_curve()
 
     def close(self) -> None:
         self._save_learned()

@@ -304,6 +304,22 @@ def load_or_profile(
     return profile
 
 
+def cached_profile(
+    target_path: str | Path,
+    draft_path: str | Path | None = None,
+    *,
+    n_threads: int | None = None,
+    n_gpu_layers: int = -1,
+    rpc_servers: Sequence[str] = (),
+) -> DeviceProfile | None:
+    """The cached (quick or full) profile of this pair and settings, or None: measures
+    nothing."""
+    request = _request(target_path, draft_path, n_threads, n_gpu_layers, rpc_servers)
+    path = profiles_dir() / f"{request.key}.json"
+    cached = _usable(path, request.key, quick=True)
+    return _with_head(cached, request.target_path, path) if cached is not None else None
+
+
 def lookup_or_profile(
     target_path: str | Path,
     draft_path: str | Path | None = None,

@@ -43,6 +43,7 @@ SCALAR_FORMATS = {
     12: "<d",
 }
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 # ggml tensor types: (elements per block, bytes per block), as ggml_blck_size / ggml_type_size
 # report them in llama-cpp-python 0.3.36's ggml (types 4, 5, 31-33, 36-38 were removed).
 TENSOR_TYPES = {
@@ -320,15 +321,19 @@ def _value(r: _Reader, vtype: int, name: str, depth: int) -> Any:
         items: list[bytes] = []
         data, pos, size = r.data, r.pos, r.size
         start = pos
+        # The vocabulary's walk is most of a file's validation: the tightest loop Python
+        # gives (smollm2's 49k strings: 0.17 s -> 0.06 s measured).
+        unpack = _U64.unpack_from
+        append = items.append
         for i in range(n):
             if size - pos < 8:
                 raise _Bad(f"{name}[{i}]: runs past the end of the file")
-            length = int.from_bytes(data[pos : pos + 8], "little")
+            (length,) = unpack(data, pos)
             pos += 8
             if length > size - pos:
                 raise _Bad(f"{name}[{i}]: length {length} runs past the end of the file")
             if keep:
-                items.append(data[pos : pos + length])
+                append(data[pos : pos + length])
             pos += length
         r.pos = pos
         return _Array(item_type, items, (start, pos)) if keep else _SkippedArray(item_type, n)
@@ -381,7 +386,7 @@ def _check_vocab(meta: dict[str, Any]) -> int:
         raise _Bad(f"tokenizer.ggml.tokens: {n_vocab} tokens")
     # llama.cpp reads each text as a C string: a NUL byte ends it there.
     texts = tokens.items
-    if any(b"\0" in text for text in texts):
+    if b"\0" in b"".join(texts):  # one search in C (a generator over 262k texts: 0.24 s)
         texts = [text.split(b"\0", 1)[0] for text in texts]
     if len(set(texts)) != n_vocab:
         seen: set[bytes] = set()
