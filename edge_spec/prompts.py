@@ -1,6 +1,7 @@
 """The benchmark prompt sets (package data, `prompt_sets/<name>.json`): "bench", six
 Spec-Bench-like categories of eight prompts; "copy" and "copy-2", answers that re-emit text the
-prompt holds (the second set written after the first had been measured, neither tuned on).
+prompt holds (the second set written after the first had been measured, neither tuned on);
+or any JSON file in the same format, by path (`edge-spec bench --prompt-set my-prompts.json`).
 
 Every prompt comes in two forms: `completion`, plain text that a base model continues (few-shot
 where a bare instruction would fail), and `messages`, a chat for instruct models whose last turn
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 CATEGORY_KINDS = ("input_reusing", "generative")
@@ -43,8 +45,6 @@ def load_prompts(
     """The prompts of a set in file order; `quick` keeps the CI subset (2 per category in the
     bench set), `categories` keeps those categories. Raises ValueError on an unknown set or
     category name or a malformed file."""
-    if prompt_set not in PROMPT_SETS:
-        raise ValueError(f"unknown prompt set {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
     prompts, known = _load(prompt_set)
     if categories is not None:
         unknown = sorted(set(categories) - set(known))
@@ -67,11 +67,25 @@ def category_descriptions(prompt_set: str = "bench") -> dict[str, str]:
     return {name: desc for name, (_, desc) in _load(prompt_set)[1].items()}
 
 
-@lru_cache(maxsize=len(PROMPT_SETS))
+@lru_cache(maxsize=8)
 def _load(prompt_set: str) -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:
-    name = f"{prompt_set}.json"
-    text = resources.files("edge_spec").joinpath("prompt_sets", name).read_text(encoding="utf-8")
-    return parse_prompts(json.loads(text))
+    """A set by name (package data), or a JSON file of the same format by path."""
+    if prompt_set in PROMPT_SETS:
+        name = f"{prompt_set}.json"
+        files = resources.files("edge_spec").joinpath("prompt_sets", name)
+        return parse_prompts(json.loads(files.read_text(encoding="utf-8")))
+    if not prompt_set.endswith(".json"):
+        raise ValueError(
+            f"unknown prompt set {prompt_set!r}; known: {', '.join(PROMPT_SETS)}, or a .json "
+            "file in their format"
+        )
+    try:
+        raw = json.loads(Path(prompt_set).expanduser().read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read prompt set {prompt_set}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise ValueError(f"prompt set {prompt_set} is not JSON: {exc}") from exc
+    return parse_prompts(raw)
 
 
 def parse_prompts(raw: Any) -> tuple[tuple[Prompt, ...], dict[str, tuple[str, str]]]:

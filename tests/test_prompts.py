@@ -183,3 +183,23 @@ def test_the_copy_sets_load_in_both_forms() -> None:
         assert len(load_prompts(quick=True, prompt_set=name)) == 3
     with pytest.raises(ValueError, match="unknown prompt set"):
         load_prompts(prompt_set="nope")
+
+
+def test_a_prompt_set_of_ones_own_loads_from_a_json_file(tmp_path) -> None:
+    """`--prompt-set FILE.json`: any set in the package's format, checked the same way."""
+    raw = json.loads(
+        resources.files("edge_spec").joinpath("prompt_sets", "copy.json").read_text("utf-8")
+    )
+    raw["prompts"] = raw["prompts"][:3]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(raw), encoding="utf-8")
+    loaded = load_prompts(prompt_set=str(mine))
+    assert [p.id for p in loaded] == [p["id"] for p in raw["prompts"]]
+    assert categories(str(mine)) == {"copy": "input_reusing"}
+    with pytest.raises(ValueError, match="cannot read prompt set"):
+        load_prompts(prompt_set=str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match="not JSON"):
+        load_prompts(prompt_set=str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="unknown prompt set"):
+        load_prompts(prompt_set="nonesuch")

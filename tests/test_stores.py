@@ -227,3 +227,19 @@ def test_the_cli_and_the_api_load_store_names(in_home, home) -> None:
         assert result.draft_vocab == "translated"
         alone = spec.generate("The three primary colors are", max_tokens=12, draft_mode="none")
         assert len(alone.token_ids) == 12
+
+
+def test_the_server_serves_a_store_name_and_says_which_draft(in_home) -> None:
+    """`edge-spec serve -m ollama:...`: listed under that name, with the chosen draft and why
+    in /v1/models, and answering the official openai client."""
+    from edge_spec.bench.outside import running_server
+
+    with running_server(["-m", OLLAMA_NAME]) as (_, client, model):
+        assert model == OLLAMA_NAME
+        card = client.models.list().data[0]
+        details = card.model_extra["edge_spec"]
+        assert details["draft_choice"].startswith(f"{LMSTUDIO_NAME}: same vocabulary")
+        done = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert done.choices[0].message.content

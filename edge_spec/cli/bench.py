@@ -26,7 +26,6 @@ from edge_spec.cli.args import (
     pick_models,
     rpc_servers,
 )
-from edge_spec.prompts import PROMPT_SETS
 
 NAME = "bench"
 DEFAULT_STRATEGIES = ("auto", "ngram", "model", "model-k2", "ngram-k4", "model-heuristic")
@@ -38,10 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--draft", "-md", help="draft model: manifest name or GGUF path")
     bench.add_argument(
         "--prompt-set",
-        choices=PROMPT_SETS,
         default="bench",
+        metavar="SET",
         help="bench: 48 prompts in six categories (default); copy, copy-2: answers that "
-        "re-emit what the prompt holds",
+        "re-emit what the prompt holds; or a .json file of your own prompts in their format "
+        "(edge_spec/prompt_sets/copy.json is a short example)",
     )
     bench.add_argument("--quick", action="store_true", help="2 prompts per category (CI)")
     add_fresh_argument(bench)
