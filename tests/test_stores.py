@@ -243,3 +243,10 @@ def test_the_server_serves_a_store_name_and_says_which_draft(in_home) -> None:
             model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )
         assert done.choices[0].message.content
+
+
+def test_a_path_to_a_manifest_models_file_keeps_its_manifest_pair() -> None:
+    """No local choice where the manifest has a pair: by name or by its file's path."""
+    path = str(resolve("gemma3-270m-f16", progress=False))
+    assert pick_pair(path, None) == (path, "gemma3-270m-q4_0", None)
+    assert pick_pair("gemma3-270m-f16", None) == ("gemma3-270m-f16", "gemma3-270m-q4_0", None)

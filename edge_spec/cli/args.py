@@ -70,17 +70,20 @@ def pick_models(
     args: argparse.Namespace, *, chat: bool = False, draft_mode: str = "auto"
 ) -> tuple[str, str | None, str | None]:
     """(target, draft, why that draft): the manifest pair for manifest names, else the best
-    local draft for a target given without one (edge_spec.models.cache.pick_pair); the
-    choice is printed to stderr."""
-    import sys
-
+    local draft for a target given without one (edge_spec.models.cache.pick_pair). The
+    command says why with say_draft() once its models loaded (a user error stays one line)."""
     from edge_spec.models.cache import pick_pair
 
     target, draft, choice = pick_pair(args.target, args.draft, chat=chat, draft_mode=draft_mode)
-    if choice is None:
-        return target, draft, None
-    print(f"edge-spec: draft: {choice.reason}", file=sys.stderr)
-    return target, draft, choice.reason
+    return target, draft, choice.reason if choice is not None else None
+
+
+def say_draft(why: str | None) -> None:
+    """The draft chosen for the target, and why, on stderr (nothing when none was chosen)."""
+    import sys
+
+    if why is not None:
+        print(f"edge-spec: draft: {why}", file=sys.stderr)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

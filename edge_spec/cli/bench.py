@@ -25,6 +25,7 @@ from edge_spec.cli.args import (
     add_subcommand,
     pick_models,
     rpc_servers,
+    say_draft,
 )
 
 NAME = "bench"
@@ -165,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     # --chat, --agentic or --structured without a target: the chat pair (the default pair's
     # has no template).
     chat = args.chat or args.agentic or args.structured
-    target, draft, _ = pick_models(args, chat=chat)
+    target, draft, why = pick_models(args, chat=chat)
+    say_draft(why)
     n_entries = len(plan_entries(strategies, [])) + len(peer_names)
     n_requests_total = n_requests(sessions) if args.agentic else len(prompts) + len(tasks)
     n_total = n_requests_total * len(args.temperatures) * args.repeats * n_entries

@@ -33,6 +33,7 @@ from edge_spec.cli.args import (
     engine_config,
     generation_config,
     pick_models,
+    say_draft,
 )
 from edge_spec.errors import EdgeSpecError
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from edge_spec.api import EdgeSpec
 
     config = generation_config(args)
-    target, draft, _ = pick_models(args, chat=True, draft_mode=args.draft_mode)
+    target, draft, why = pick_models(args, chat=True, draft_mode=args.draft_mode)
     try:
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:  # pragma: no cover - not on every platform
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     term = Terminal(sys.stdout, color=_wants_color(sys.stdout, args.no_color))
     term.notice(f"loading {target}" + (f" with draft {draft}" if draft else ""))
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
+        say_draft(why)
         session = ChatSession(spec, config, term, system=args.system)
         term.notice(session.banner())
         return session.loop()

@@ -23,6 +23,7 @@ from edge_spec.cli.args import (
     engine_config,
     generation_config,
     pick_models,
+    say_draft,
 )
 from edge_spec.errors import InvalidRequestError
 
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     target, draft, why = pick_models(args, chat=args.chat, draft_mode=args.draft_mode)
     config = generation_config(args)
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
+        say_draft(why)
         if args.chat:
             prompt = spec.render_chat([{"role": "user", "content": prompt}], config.tools)
         if args.json:

@@ -21,6 +21,7 @@ from edge_spec.cli.args import (
     add_policy_arguments,
     add_subcommand,
     pick_models,
+    say_draft,
 )
 from edge_spec.cli.args import engine_config as cli_engine_config
 from edge_spec.errors import EdgeSpecError, InvalidRequestError
@@ -151,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def load() -> EdgeSpec:
-        return EdgeSpec(target_path, draft_path, draft_mode=args.draft_mode, config=engine_config)
+        spec = EdgeSpec(target_path, draft_path, draft_mode=args.draft_mode, config=engine_config)
+        say_draft(draft_choice)
+        return spec
 
     failures: list[BaseException] = []
 

@@ -318,17 +318,18 @@ def pick_pair(
     chat: bool = False,
     draft_mode: str = "auto",
 ) -> tuple[str, str | None, stores.DraftChoice | None]:
-    """The models a command loads, as manifest.choose_pair picks them, and for a target that
-    is not a manifest name (a store name, a path) given without a draft in the auto or model
-    mode, the best local draft (stores.choose_draft) with the reason: (target, draft, the choice or
-    None where none was made). The manifest pairs stay the defaults for manifest names."""
-    if (
-        target is None
-        or draft is not None
-        or draft_mode not in ("auto", "model")
-        or target in load_manifest().models
-    ):
+    """The models a command loads, as manifest.choose_pair picks them (the manifest pair for a
+    manifest name, or a path to its file), and for any other target given without a draft in
+    the auto or model mode, the best local draft (stores.choose_draft) with the reason:
+    (target, draft, the choice or None where none was made)."""
+    if target is None or draft is not None or draft_mode not in ("auto", "model"):
         target_name, draft_name = choose_pair(target, draft, chat=chat, draft_mode=draft_mode)
+        return target_name, draft_name, None
+    try:
+        target_name, draft_name = choose_pair(target, None, chat=chat, draft_mode=draft_mode)
+    except InvalidRequestError:  # model mode and no manifest pair: a local draft may do
+        target_name, draft_name = target, None
+    if draft_name is not None or target in load_manifest().models:
         return target_name, draft_name, None
     choice = stores.choose_draft(resolve(target))
     if choice.draft is None and draft_mode == "model":
