@@ -43,6 +43,13 @@ def hash_file(path: Path, on_block: Callable[[int], object] | None = None) -> st
     return digest.hexdigest()
 
 
+def file_identity(path: Path, st: os.stat_result | None = None) -> tuple[str, int, int, int]:
+    """What tells a file apart from its earlier or later self without reading it: its resolved
+    path, size, mtime and inode (st: its stat, where the caller has it). Raises OSError."""
+    st = st if st is not None else path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 _sha256_seen: dict[tuple[str, int, int, int], str] = {}
 
 
@@ -53,8 +60,7 @@ def file_sha256(path: Path) -> str:
     file identity: a one-shot run's first request asks for twenty (the llama.cpp libraries'
     and the models', 10 ms of sidecar reads measured), later ones for the same again."""
     try:
-        st = path.stat()
-        identity = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        identity: tuple[str, int, int, int] | None = file_identity(path)
     except OSError:
         identity = None
     if identity is not None and identity in _sha256_seen:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +93,13 @@ def spec(target_path: Path, draft_path: Path) -> Iterator[object]:
 
     with EdgeSpec(target_path, draft_path, config=EngineConfig(n_ctx=1024)) as engine:
         yield engine
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """src's bytes at dst, as a store or a cache keeps them: a hard link where the filesystem
+    allows (safe: edge_spec replaces files by rename and never writes into them), else a copy."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

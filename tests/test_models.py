@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from conftest import link_or_copy
 
 import edge_spec
 from edge_spec import models
@@ -316,15 +317,6 @@ def real_paths() -> dict[str, Path]:
     return models.prepare(progress=False)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    # Hardlinks are safe: prepare only ever replaces files by rename or unlinks them.
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _forbid(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("must not be called")
@@ -375,7 +367,7 @@ def test_cache_env_var_moves_the_cache(
     assert models.models_dir() == tmp_path / "models"
     assert not any(s.present for s in models.list_models())
     for path in real_paths.values():
-        _link_or_copy(path, tmp_path / "models" / path.name)
+        link_or_copy(path, tmp_path / "models" / path.name)
     _forbid(monkeypatch, "_pip_download", "_fetch_registry", "_derive")
     moved = models.prepare(progress=False)  # hashes the linked files once, fetches nothing
     assert moved == {name: tmp_path / "models" / p.name for name, p in real_paths.items()}
@@ -431,7 +423,7 @@ def test_real_derivation_reproduces_the_manifest(
     source = manifest_module.load_manifest().models[draft].derived_from
     assert source is not None
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path))
-    _link_or_copy(real_paths[source], tmp_path / "models" / real_paths[source].name)
+    link_or_copy(real_paths[source], tmp_path / "models" / real_paths[source].name)
     _forbid(monkeypatch, "_pip_download", "_fetch_registry")
     with caplog.at_level(logging.WARNING, logger="edge_spec.models.cache"):
         built = models.prepare([draft], progress=False)[draft]

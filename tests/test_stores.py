@@ -7,14 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import link_or_copy
 
 from edge_spec.errors import InvalidRequestError, ModelFileError
+from edge_spec.files import hash_file
 from edge_spec.models import stores
 from edge_spec.models.cache import pick_pair, resolve
 
@@ -35,29 +36,12 @@ STORE_ENV = (
 )
 
 
-def _place(src: Path, dst: Path) -> None:
-    """The file at dst, as a store keeps it (a hard link where the filesystem allows)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _ollama(root: Path, name: str, tag: str, model: Path, blob: Path | None = None) -> Path:
     """An Ollama manifest naming `model`'s bytes by sha256 (or `blob`'s, a broken one),
     beside a template layer, as `ollama pull` leaves them."""
     source = blob or model
-    digest = _sha256(source)
-    _place(source, root / "blobs" / f"sha256-{digest}")
+    digest = hash_file(source)
+    link_or_copy(source, root / "blobs" / f"sha256-{digest}")
     template = b"{{ .Prompt }}"
     template_digest = hashlib.sha256(template).hexdigest()
     (root / "blobs" / f"sha256-{template_digest}").write_bytes(template)
@@ -96,11 +80,11 @@ def home(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[s
     _ollama(ollama, "someone/cut", "latest", smollm2_path, blob=partial)
     partial.unlink()
     lms = root / ".lmstudio" / "models" / LMSTUDIO_REPO
-    _place(q4_0, lms / "SmolLM2-135M-Instruct-Q4_0.gguf")
+    link_or_copy(q4_0, lms / "SmolLM2-135M-Instruct-Q4_0.gguf")
     (lms / "mmproj-SmolLM2-f16.gguf").write_bytes(b"GGUF")
     hub = root / ".cache" / "huggingface" / "hub" / f"models--{HF_REPO.replace('/', '--')}"
-    sha = _sha256(gemma)
-    _place(gemma, hub / "blobs" / sha)
+    sha = hash_file(gemma)
+    link_or_copy(gemma, hub / "blobs" / sha)
     revision = "0123456789abcdef0123456789abcdef01234567"
     link = hub / "snapshots" / revision / "gemma-3-270m-Q4_0.gguf"
     link.parent.mkdir(parents=True)

@@ -36,7 +36,7 @@ from edge_spec.device.profile import load_or_profile
 from edge_spec.errors import ModelFileError
 from edge_spec.files import atomic_output, cache_dir, file_sha256
 from edge_spec.gguf.validate import validate_gguf
-from edge_spec.models.layer_subset import _ranges, read_gguf, valid_subsets, write_layer_subset
+from edge_spec.models.layer_subset import _ranges, valid_subsets, write_layer_subset
 from edge_spec.models.manifest import models_dir
 from edge_spec.prompts import load_prompts
 
@@ -79,7 +79,7 @@ def self_draft_path(target_path: str | Path, *, n_threads: int | None = None) ->
 def load_or_choose(target_path: str | Path, *, n_threads: int | None = None) -> SelfDraftChoice:
 
     target_path = Path(target_path)
-    validate_gguf(target_path)  # a bad file is one clear error, before the gguf reader sees it
+    validate_gguf(target_path)  # a bad file is one clear error, before anything is derived
     sha = file_sha256(target_path)
     record = _record_path(sha)
     if record.is_file():
@@ -103,8 +103,6 @@ def choose(target_path: Path, sha: str, *, n_threads: int | None = None) -> Self
     rel = [costs.rel(n) for n in range(1, max(K_CHOICES) + 2)]
     work = models_dir() / "self-draft-work"
     work.mkdir(parents=True, exist_ok=True)
-    log.info("self-draft for %s: reading it", target_path.name)
-    reader = read_gguf(target_path)
     with LlamaModel(target_path, n_ctx=1024, n_threads=n_threads) as target:
         arch = target.info.architecture
         n_layer = _block_count(target_path, arch)
@@ -126,10 +124,10 @@ def choose(target_path: Path, sha: str, *, n_threads: int | None = None) -> Self
         scratch = work / f"{sha[:16]}.candidate.gguf"
         try:
             for layers in valid_subsets(n_layer, arch):
-                write_layer_subset(target_path, scratch, layers, reader)
+                write_layer_subset(target_path, scratch, layers)
                 candidates.append(measure(scratch, layers, None))
             best = max(candidates, key=lambda c: (c.speedup, c.agree))
-            write_layer_subset(target_path, scratch, best.layers, reader)
+            write_layer_subset(target_path, scratch, best.layers)
             quantized = work / f"{sha[:16]}.candidate-q4_0.gguf"
             backend.quantize(scratch, quantized, "Q4_0", n_threads)
             candidates.append(measure(quantized, best.layers, "Q4_0"))

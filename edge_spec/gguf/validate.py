@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_spec.errors import ModelFileError
+from edge_spec.files import file_identity
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -125,6 +126,11 @@ class GgufSummary:
     # sha256 of tokenizer.ggml.tokens as stored (each text with its length): equal digests,
     # equal vocabularies ("" when the file has none).
     vocab_sha256: str = field(default="", compare=False, repr=False)
+    # name -> (value type, offset of its type field, offset past its value), in file order:
+    # where each key's value lies, for a writer that copies them (models.layer_subset).
+    kv_spans: dict[str, tuple[int, int, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,7 @@ def validate_gguf(path: str | os.PathLike[str]) -> GgufSummary:
         raise ModelFileError(f"cannot read {path}: {exc.strerror}") from exc
     if not path.is_file():
         raise ModelFileError(f"model path is not a file: {path}")
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    key = file_identity(path, st)
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -234,12 +240,16 @@ def _validate(r: _Reader) -> GgufSummary:
     if n_tensors > (r.size - r.pos) // 29:
         raise _Bad(f"tensor count {n_tensors} cannot fit in the file")
     meta: dict[str, Any] = {}
+    spans: dict[str, tuple[int, int, int]] = {}
     for i in range(n_kv):
         raw = r.string(f"key {i}", MAX_KEY_BYTES)
         name = _utf8(raw, f"key {i}")
         if name in meta:
             raise _Bad(f"duplicate key {name!r}")
-        meta[name] = _value(r, r.u32(f"type of {name}"), name, depth=0)
+        start = r.pos
+        vtype = r.u32(f"type of {name}")
+        meta[name] = _value(r, vtype, name, depth=0)
+        spans[name] = (vtype, start, r.pos)
     alignment = meta.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise _Bad(f"general.alignment must be a power of two, got {alignment!r}")
@@ -267,7 +277,7 @@ def _validate(r: _Reader) -> GgufSummary:
     span = tokens.span if isinstance(tokens, _Array) else None
     digest = hashlib.sha256(r.data[span[0] : span[1]]).hexdigest() if span else ""
     return GgufSummary(
-        r.size, version, n_tensors, n_kv, n_vocab, data_offset, layouts, metadata, digest
+        r.size, version, n_tensors, n_kv, n_vocab, data_offset, layouts, metadata, digest, spans
     )
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from edge_spec.errors import ModelFileError
-from edge_spec.files import atomic_output, hash_file
+from edge_spec.files import atomic_output, file_identity, hash_file
 from edge_spec.gguf.validate import validate_gguf
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ def verify_in_child(path: str | os.PathLike[str], cache_dir: Path) -> float:
 
 
 def _identity(path: Path) -> str:
-    st = path.stat()
-    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    return "|".join(map(str, file_identity(path)))
 
 
 def _load_in_child(path: Path) -> tuple[bool, str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -91,12 +92,7 @@ def model_facts(path: Path) -> ModelFacts:
     summary = validate_gguf(path)
     meta = summary.metadata
     arch = str(meta.get("general.architecture", ""))
-    n_params = 0
-    for layout in summary.tensors.values():
-        count = 1
-        for d in layout.dims:
-            count *= d
-        n_params += count
+    n_params = sum(math.prod(layout.dims) for layout in summary.tensors.values())
     file_type = meta.get("general.file_type")
     quantization = FILE_TYPES.get(file_type, str(file_type)) if isinstance(file_type, int) else "?"
     n_ctx = meta.get(f"{arch}.context_length", 0)
@@ -363,7 +359,9 @@ def resolve_store_name(name: str) -> Path:
         "lmstudio": lmstudio_models,
         "hf": hf_models,
     }[store]
-    found = [f for f in listing() if is_model_file(f.path)]
+    # Told apart by name here; only the file the name picks is read (validated below), not
+    # every model in the store.
+    found = [f for f in listing() if _by_name(f.path)]
     path = _match(store, rest, found)
     if path is None and store == "hf":
         path = _hf_fetch(rest)
@@ -392,8 +390,11 @@ def _match(store: str, rest: str, found: list[Found]) -> Path | None:
     exact = [f for f in found if f.name[len(prefix) :] == rest]
     if exact:
         return exact[0].path
-    # ORG/REPO without the file: the repository's only model file.
-    in_repo = [f for f in found if f.name[len(prefix) :].startswith(rest + "/")]
+    # ORG/REPO without the file: the repository's only model file (adapters told apart by
+    # their headers).
+    in_repo = [
+        f for f in found if f.name[len(prefix) :].startswith(rest + "/") and is_model_file(f.path)
+    ]
     if rest.count("/") == 1 and len(in_repo) == 1:
         return in_repo[0].path
     if len(in_repo) > 1 and rest.count("/") == 1:
