@@ -22,6 +22,22 @@ from edge_spec.drafts.vocab import check_compatible
 pytestmark = pytest.mark.models
 
 
+def test_the_draft_model_loads_when_a_request_first_drafts_with_it(smollm2_path: Path) -> None:
+    """A run that never drafts with the draft model never loads it; its vocabulary is told
+    from the files meanwhile; the first model draft loads it, with the target's output."""
+    from edge_spec.models.cache import resolve
+
+    draft = resolve("smollm2-135m-q4_0", progress=False)
+    with EdgeSpec(smollm2_path, draft, config=EngineConfig(n_ctx=512)) as spec:
+        lazy = spec._sources["model"]
+        alone = spec.generate("The three primary colors are", max_tokens=16, draft_mode="none")
+        ngram = spec.generate("The three primary colors are", max_tokens=16, draft_mode="ngram")
+        assert lazy.loaded is None and lazy.vocabulary == "shared"
+        got = spec.generate("The three primary colors are", max_tokens=16, k=3, draft_mode="model")
+        assert lazy.loaded is not None and got.stats.n_drafted > 0
+        assert got.token_ids == alone.token_ids == ngram.token_ids and got.draft_vocab == "shared"
+
+
 def test_stream_deltas_join_to_the_generated_text(spec: EdgeSpec) -> None:
     for mode in ("model", "ngram", "none"):
         cfg = GenerationConfig(max_tokens=40, draft_mode=mode)

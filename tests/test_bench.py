@@ -105,7 +105,6 @@ def test_bench_command_writes_results(tmp_path) -> None:
             "--quick",
             "--categories",
             "code_editing",
-            "math_reasoning",
             "--strategies",
             "auto",
             "model-k2",
@@ -115,6 +114,7 @@ def test_bench_command_writes_results(tmp_path) -> None:
             "--out",
             str(out),
             "--no-progress",
+            "--no-plots",  # test_plots_are_written draws them
         ],
         capture_output=True,
         text=True,
@@ -125,8 +125,8 @@ def test_bench_command_writes_results(tmp_path) -> None:
     record = json.loads((out / "results.json").read_text())
     strategies = {"target", "none", "auto", "model-k2", "lcpp-lookup"}
     assert {r["strategy"] for r in record["runs"]} == strategies
-    # 4 quick prompts x (the target alone twice + 2 strategies + 1 peer)
-    assert len(record["runs"]) == 4 * 5
+    # 2 quick prompts x (the target alone twice + 2 strategies + 1 peer)
+    assert len(record["runs"]) == 2 * 5
     assert record["versions"]["llama_cpp_python"] and record["peak_rss_bytes"] > 0
     assert "CPU" in record["versions"]["llama_cpp_build"]
     summaries = {(s["category"], s["strategy"]): s for s in record["summaries"]}
@@ -136,8 +136,8 @@ def test_bench_command_writes_results(tmp_path) -> None:
     assert "| code_editing | 0 | auto |" in markdown
     # Each entry's per-prompt ratios, judged against the target alone against itself.
     floor = next(r for r in record["prompt_ratios"] if r["strategy"] == "none")
-    assert len(floor["ratios"]) == 4 and floor["floor_low"] == min(floor["ratios"].values())
-    assert "| 0 | auto | 4 |" in markdown and "noise floor" in markdown
+    assert len(floor["ratios"]) == 2 and floor["floor_low"] == min(floor["ratios"].values())
+    assert "| 0 | auto | 2 |" in markdown and "noise floor" in markdown
     # The written runs read back as the same Runs.
     reread = [Run.from_dict(raw) for raw in record["runs"]]
     assert json.loads(json.dumps([r.to_dict() for r in reread])) == record["runs"]
@@ -148,7 +148,7 @@ def test_bench_command_writes_results(tmp_path) -> None:
     assert sum(r["n_drafted"] for r in peer) > 0 and all(r["n_generated"] > 0 for r in peer)
     target = {r["prompt_id"]: r["token_ids"] for r in record["runs"] if r["strategy"] == "target"}
     same = sum(r["token_ids"] == target[r["prompt_id"]] for r in peer)
-    assert same >= len(peer) - 2, same
+    assert same >= len(peer) - 1, same
 
 
 @pytest.mark.models
@@ -160,15 +160,24 @@ def test_the_bench_from_outside_the_process(tmp_path, where: str) -> None:
     import subprocess
     import sys
 
+    # A prompt set of one's own (a JSON file): two of the copy set's quick prompts.
+    from importlib import resources
+
+    copy_set = json.loads(
+        resources.files("edge_spec").joinpath("prompt_sets/copy.json").read_text()
+    )
+    copy_set["prompts"] = [p for p in copy_set["prompts"] if p.get("quick")][:2]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(copy_set))
     out = tmp_path / "bench"
-    command = [sys.executable, "-m", "edge_spec.cli", "bench", "--quick", "--chat"]
-    command += ["--prompt-set", "copy", "--categories", "copy", "--strategies", "ngram"]
+    command = [sys.executable, "-m", "edge_spec.cli", "bench", "--chat"]
+    command += ["--prompt-set", str(mine), "--strategies", "ngram"]
     command += ["--max-tokens", "12", "--out", str(out), "--no-progress", "--no-plots", where]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((out / "results.json").read_text())
     runs = record["runs"]
-    assert len(runs) == 3 * 3  # 3 quick copy prompts x (target, none, ngram)
+    assert len(runs) == 2 * 3  # 2 copy prompts x (target, none, ngram)
     assert {r["strategy"] for r in runs} == {"target", "none", "ngram"}
     assert all(r["wall_s"] > 0 and r["n_generated"] > 0 for r in runs)
     assert any(r["n_drafted"] > 0 for r in runs if r["strategy"] == "ngram")

@@ -20,7 +20,7 @@ from fake_model import (
 )
 
 from edge_spec.decode.engine import Prefill, Step, run_steps
-from edge_spec.drafts import ModelDraft, NgramDraft, NoDraft
+from edge_spec.drafts import LazyModelDraft, ModelDraft, NgramDraft, NoDraft
 from edge_spec.policy.simple import FixedK
 from edge_spec.sampling.transform import SamplingParams, argmax
 
@@ -144,6 +144,58 @@ def test_a_draft_model_the_policy_does_not_expect_is_not_prefilled() -> None:
     assert policy.lags[-1] < 5
 
 
+def test_a_lazy_draft_model_loads_on_the_first_draft_and_a_failed_load_steps_aside() -> None:
+    """Nothing loads while the policy takes plain steps; the first model draft loads it once
+    and the output is the target's. A draft that cannot load is set aside: the target answers
+    alone, the load is not retried, and the next request is answered too."""
+    target = FakeLlama(make_target())
+    draft_llama = FakeLlama(make_draft(target.model))
+    loads: list[int] = []
+
+    def load() -> ModelDraft:
+        loads.append(1)
+        return ModelDraft(draft_llama)
+
+    lazy = LazyModelDraft(load, "shared")
+    prompt = [4, 0, 4, 0, 1, 2, 3]
+    policy = ModelLater(k=3, plain_steps=5)
+    events = run_steps(
+        target,
+        {"model": lazy, "none": NoDraft()},
+        policy,
+        prompt,
+        k_max=3,
+        max_tokens=30,
+        sampling=SamplingParams(),
+    )
+    head = [t for _, event in zip(range(6), events) for t in getattr(event, "tokens", ())]
+    assert loads == [] and lazy.loaded is None and lazy.decode_s == 0.0  # five plain steps
+    assert head + [t for event in events for t in event.tokens] == greedy_reference(prompt, 30)
+    assert loads == [1] and lazy.loaded is not None and draft_llama.n_decoded > 0
+
+    def broken() -> ModelDraft:
+        loads.append(1)
+        raise MemoryError("no room for the draft")
+
+    lazy = LazyModelDraft(broken, "shared")
+    for _ in range(2):
+        events = list(
+            run_steps(
+                target,
+                {"model": lazy, "none": NoDraft()},
+                FixedK(3, "model"),
+                prompt,
+                k_max=3,
+                max_tokens=12,
+                sampling=SamplingParams(),
+            )
+        )
+        assert [t for e in events[1:] for t in e.tokens] == greedy_reference(prompt, 12)
+        aside = [name for e in events for name, _ in e.set_aside]
+        assert aside == ["model"]
+    assert len(loads) == 2  # one failed load, not retried by the second request
+
+
 def test_max_tokens_and_context_limits_are_respected() -> None:
     target = FakeLlama(make_target(), n_ctx=20)
     draft_llama = FakeLlama(make_draft(target.model), n_ctx=20)
@@ -162,9 +214,10 @@ def test_prefill_reports_reused_prompt_cache() -> None:
 
 
 # The engine-level distribution tests check the plumbing around verification (keys,
-# positions, trees, heads, sources) at 20,000 runs: a TV bound near 0.035 on 25 cells;
-# test_verify.py holds verification itself to 50,000 runs (bound near 0.022).
-N_RUNS = 20_000
+# positions, trees, heads, sources) at 12,000 runs: a TV bound near 0.045 on 25 cells
+# (0.035 at 20,000 runs, before the suite had to fit in 10 minutes); test_verify.py holds
+# verification itself to its exact joint's bound, 0.022-0.025 at 30,000 runs.
+N_RUNS = 12_000
 
 
 @pytest.mark.parametrize(
@@ -174,7 +227,6 @@ N_RUNS = 20_000
         ("model", SamplingParams(temperature=0.7, top_k=4, top_p=0.9, seed=12)),
         ("ngram", SamplingParams(temperature=0.8, seed=13)),
         ("tree", SamplingParams(temperature=0.8, seed=14)),
-        ("head", SamplingParams(temperature=0.9, seed=15)),
         ("head", SamplingParams(temperature=0.7, top_k=3, seed=16)),
         ("head-tree", SamplingParams(temperature=0.8, seed=17)),
     ],

@@ -205,3 +205,37 @@ def test_a_nul_byte_that_makes_two_tokens_equal_is_refused(small: Path, tmp_path
     mutant = _copy_with(small, tmp_path, [(at + n - 1, b"\x00")])
     with pytest.raises(ModelFileError, match="repeats an earlier token"):
         validate_gguf(mutant)
+
+
+def test_a_validated_file_is_recorded_and_a_rewritten_one_validated_again(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process reads the record instead of walking the file again, and gets the same
+    summary; a file rewritten in place with its size and mtime kept (one clock tick) no longer
+    matches its record's bytes, so it is validated again and its corruption refused."""
+    from edge_spec.gguf import validate as v
+
+    field = next(f for f in fuzz.layout(small).fields if f.what == "tokenizer.ggml.merges count")
+    monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(small, copy)
+    first = v.validate_gguf(copy)
+    assert len(list((tmp_path / "cache" / "validated").glob("*.json"))) == 1
+    walked: list[int] = []
+    real = v._validate
+    monkeypatch.setattr(v, "_validate", lambda r: walked.append(1) or real(r))
+    v._cache.clear()  # as another process would start
+    again = v.validate_gguf(copy)
+    assert walked == []  # read from the record
+    for name in ("tensors", "metadata", "vocab_sha256", "kv_spans"):
+        assert getattr(again, name) == getattr(first, name), name
+    assert again == first
+    st = copy.stat()
+    with copy.open("r+b") as f:
+        f.seek(field.offset)
+        f.write(struct.pack("<Q", 1 << 40))
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    v._cache.clear()
+    with pytest.raises(ModelFileError, match="tokenizer.ggml.merges"):
+        v.validate_gguf(copy)
+    assert walked == [1]

@@ -12,9 +12,16 @@ from pathlib import Path
 from edge_spec.api.config import EngineConfig
 from edge_spec.backend import LlamaModel
 from edge_spec.device.self_draft import self_draft_path
-from edge_spec.drafts import CrossVocabDraft, DraftSource, ModelDraft, NgramDraft, NoDraft
+from edge_spec.drafts import (
+    CrossVocabDraft,
+    DraftSource,
+    LazyModelDraft,
+    ModelDraft,
+    NgramDraft,
+    NoDraft,
+)
 from edge_spec.drafts.head import HeadDraft
-from edge_spec.drafts.vocab import check_compatible
+from edge_spec.drafts.vocab import check_compatible, relation_from_files
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, VocabMismatchError
 from edge_spec.models.heads import find_head
 from edge_spec.models.stores import DraftChoice
@@ -134,10 +141,11 @@ def load_target(choice: ModelChoice, config: EngineConfig, devices: Devices) -> 
 
 def load_sources(
     choice: ModelChoice, config: EngineConfig, target: LlamaModel, devices: Devices
-) -> tuple[dict[str, DraftSource], LlamaModel | None, Path | None]:
+) -> tuple[dict[str, DraftSource], Path | None]:
     """Every draft source the engine may use, by slot name ("none", "ngram", "model" for the
-    draft model, "head"), the draft model (to close with the engine) and the head's directory
-    (None where no head drafts: a broken one is set aside in auto mode, an error in head mode)."""
+    draft model, "head"), and the head's directory (None where no head drafts: a broken one is
+    set aside in auto mode, an error in head mode). The draft model loads on its first use
+    (LazyModelDraft), unless its files leave open whether it shares the target's vocabulary."""
     sources: dict[str, DraftSource] = {
         "none": NoDraft(),
         "ngram": NgramDraft(
@@ -148,38 +156,50 @@ def load_sources(
             config.ngram_session_bytes,
         ),
     }
-    draft_model = None
-    if choice.draft_path is not None:
-        draft_model = LlamaModel(
-            choice.draft_path,
-            n_ctx=target.n_ctx,
-            n_batch=config.n_batch,
-            n_threads=config.n_threads,
-            n_gpu_layers=config.n_gpu_layers,
-            devices=devices.local,
-        )
-        try:
-            sources["model"] = model_source(target, draft_model)
-        except Exception:
-            draft_model.close()
-            raise
+    draft_path = choice.draft_path
+    if draft_path is not None:
+
+        def load_draft() -> ModelDraft:
+            draft_model = LlamaModel(
+                draft_path,
+                n_ctx=target.n_ctx,
+                n_batch=config.n_batch,
+                n_threads=config.n_threads,
+                n_gpu_layers=config.n_gpu_layers,
+                devices=devices.local,
+            )
+            try:
+                return model_source(target, draft_model)
+            except Exception:
+                draft_model.close()
+                raise
+
+        vocabulary = relation_from_files(choice.target_path, draft_path)
+        model = LazyModelDraft(load_draft, vocabulary or "translated")
+        if vocabulary is None:  # only the loaded models can tell: load now
+            model.load()
+        sources["model"] = model
     head_dir = choice.head_dir
     if head_dir is not None:
         try:
             sources[HEAD] = HeadDraft.load(head_dir, choice.target_path, target.n_vocab)
         except EdgeSpecError as exc:
             if choice.mode == HEAD:
-                if draft_model is not None:
-                    draft_model.close()
+                _close(sources)
                 raise
             # auto drafts without it: a broken head must not break generation.
             log.warning("the draft head in %s is not used: %s", head_dir, exc)
             head_dir = None
         except Exception:
-            if draft_model is not None:
-                draft_model.close()
+            _close(sources)
             raise
-    return sources, draft_model, head_dir
+    return sources, head_dir
+
+
+def _close(sources: dict[str, DraftSource]) -> None:
+    model = sources.get("model")
+    if isinstance(model, LazyModelDraft):
+        model.close()
 
 
 def model_source(target: LlamaModel, draft_model: LlamaModel) -> ModelDraft:

@@ -32,7 +32,7 @@ from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
 from edge_spec.device.learned import LearnedKey, LearnedStore
 from edge_spec.device.profile import DeviceProfile, cached_profile, load_or_profile
-from edge_spec.drafts import DraftSource, NgramDraft
+from edge_spec.drafts import DraftSource, LazyModelDraft, ModelDraft, NgramDraft
 from edge_spec.drafts.head import HeadDraft
 from edge_spec.errors import InvalidRequestError
 from edge_spec.models.placement import plan_placement
@@ -85,11 +85,9 @@ class EdgeSpec:
         )
         log.info("placement: %s", self.placement.describe())
         self.target = assembly.load_target(choice, cfg, devices)
-        self.draft: LlamaModel | None = None
+        self._sources: dict[str, DraftSource] = {}
         try:
-            self._sources, self.draft, self.head_dir = assembly.load_sources(
-                choice, cfg, self.target, devices
-            )
+            self._sources, self.head_dir = assembly.load_sources(choice, cfg, self.target, devices)
             self.chat_template = assembly.chat_template(cfg, self.target)
         except BaseException:
             self.close()
@@ -115,10 +113,18 @@ class EdgeSpec:
         if profile is not None:
             self._profile, self._costs = profile, profile.cost_curve()
 
+    @property
+    def draft(self) -> LlamaModel | None:
+        """The draft model (None without one). It loads when a request first drafts with it,
+        or here, on first access."""
+        model = self._sources.get("model")
+        return model.draft_model if isinstance(model, ModelDraft) else None
+
     def close(self) -> None:
         self._save_learned()
-        if self.draft is not None:
-            self.draft.close()
+        model = self._sources.get("model")
+        if isinstance(model, LazyModelDraft):
+            model.close()
         self.target.close()
 
     def clear_session(self, session: str | None = None) -> None:
@@ -319,13 +325,11 @@ class EdgeSpec:
         caches may hold what the failed step left, so they are emptied and the next request
         prefills from scratch, as a fresh process would."""
         log.info("a request failed mid-generation: the models' caches are reset")
-        for model in (self.target, self.draft):
-            if model is not None:
-                try:
-                    model.reset()
-                except Exception:  # noqa: BLE001 - the original error is the one to report
-                    log.debug("resetting %s failed too", model.path, exc_info=True)
-        for source in self._sources.values():
+        try:
+            self.target.reset()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            log.debug("resetting the target failed too", exc_info=True)
+        for source in self._sources.values():  # the draft model's reset is its source's
             reset = getattr(source, "reset", None)
             if reset is not None:
                 try:

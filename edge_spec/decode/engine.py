@@ -23,7 +23,7 @@ from edge_spec.decode.verify import (
     verify_keyed,
     verify_tree,
 )
-from edge_spec.drafts import NO_DRAFT, Draft, DraftSource, ModelDraft, NgramDraft
+from edge_spec.drafts import NO_DRAFT, Draft, DraftSource, LazyModelDraft, ModelDraft, NgramDraft
 from edge_spec.drafts.candidates import NgramCandidate
 from edge_spec.errors import ContextOverflowError, InvalidRequestError
 from edge_spec.policy.trees import alternate_tree, token_tree
@@ -173,6 +173,7 @@ def run_steps(
         live = tuple(name for name in names if name not in aside.failed)
         plan = policy.plan(live, cap, candidate)
         try:
+            t0 += _load(sources.get(plan.source))  # a lazy draft model's load is not drafting
             draft, branch_weights = _propose(
                 plan,
                 sources,
@@ -242,6 +243,15 @@ def run_steps(
             n_forced_accepted,
             aside.take(),
         )
+
+
+def _load(source: DraftSource | None) -> float:
+    """Seconds spent loading a source that loads on first use (LazyModelDraft), 0 otherwise."""
+    if not isinstance(source, LazyModelDraft) or source.loaded is not None:
+        return 0.0
+    start_s = time.perf_counter()
+    source.load()
+    return time.perf_counter() - start_s
 
 
 def _propose(

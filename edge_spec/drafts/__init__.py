@@ -3,7 +3,7 @@ n-grams, or none."""
 
 from edge_spec.drafts.base import NO_DRAFT, Draft, DraftSource, NoDraft
 from edge_spec.drafts.crossvocab import CrossVocabDraft
-from edge_spec.drafts.model import ModelDraft
+from edge_spec.drafts.model import LazyModelDraft, ModelDraft
 from edge_spec.drafts.ngram import NgramDraft
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "CrossVocabDraft",
     "Draft",
     "DraftSource",
+    "LazyModelDraft",
     "ModelDraft",
     "NgramDraft",
     "NoDraft",

@@ -3,6 +3,8 @@ common_speculative_are_compatible, with an error that names the first mismatch."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from edge_spec.backend import LlamaModel
 from edge_spec.errors import VocabMismatchError
 from edge_spec.gguf.validate import validate_gguf
@@ -37,3 +39,29 @@ def check_compatible(target: LlamaModel, draft: LlamaModel) -> None:
         t_text, d_text = target.token_text(token), draft.token_text(token)
         if t_text != d_text:
             raise VocabMismatchError(f"token {token} differs ({t_text!r} vs {d_text!r}): {where}")
+
+
+def relation_from_files(target_path: Path, draft_path: Path) -> str | None:
+    """What check_compatible will find, read from the two files' validated metadata without
+    loading the draft: "shared" when the token texts (their digest), every tokenizer.ggml key
+    and the architecture are the same (llama.cpp builds the same vocabulary from them),
+    "translated" when the tokenizer types differ or the sizes differ by more than
+    MAX_VOCAB_SIZE_DIFFERENCE, None when only the loaded models can tell."""
+    t, d = validate_gguf(target_path), validate_gguf(draft_path)
+
+    def tokenizer(meta: dict) -> dict:
+        return {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
+
+    if (
+        t.vocab_sha256
+        and t.vocab_sha256 == d.vocab_sha256
+        and tokenizer(t.metadata) == tokenizer(d.metadata)
+        and t.metadata.get("general.architecture") == d.metadata.get("general.architecture")
+    ):
+        return "shared"
+    t_kind, d_kind = t.metadata.get("tokenizer.ggml.model"), d.metadata.get("tokenizer.ggml.model")
+    if t_kind and d_kind and t_kind != d_kind:
+        return "translated"
+    if abs(t.n_vocab - d.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
+        return "translated"
+    return None

@@ -217,43 +217,40 @@ def oracle(
     lags[0] = 1
     rel_draft = np.array([costs.draft_s(1, int(f)) for f in lags])  # (n_lag + 1,)
     per_token = costs.draft_s(2, 1) - costs.draft_s(1, 1)
+    t_verify = np.array([costs.t(k + 1) for k in range(k_max + 1)])  # t_verify[k] = t(k + 1)
+    ks = np.arange(1, k_max + 1)
+    shifts = np.minimum(lags[None, :] + np.arange(k_max + 2)[:, None], n_lag)  # lags + j, capped
+    ngram_fixed = costs.ngram_s + t_verify[1:]  # (k_max,)
+    model_fixed = (ks - 1) * per_token
     value = np.zeros((n + 1, n_lag + 1))
-    choice: list[list[tuple[str, int]]] = [[] for _ in range(n)]
-
-    def shifted(row: np.ndarray, by: int) -> np.ndarray:
-        idx = np.minimum(lags + by, n_lag)
-        return row[idx]
-
+    # Per position, every option for every lag at once: row 0 a plain step, rows 1..k_max
+    # n-gram drafts of k = row, then model drafts of k = row - k_max (inf where not open).
+    # Ties go to the first row: the plain step, then n-gram, then the shorter draft.
+    rows = np.empty((1 + 2 * k_max, n_lag + 1))
+    choice = np.zeros((n, n_lag + 1), dtype=np.int64)
     for pos in range(n - 1, -1, -1):
         k_cap = min(k_max, n - pos - 1)
-        best = costs.t(1) + shifted(value[pos + 1], 1)
-        arg = np.zeros(n_lag + 1, dtype=np.int64)  # 0: plain step
-        options: list[tuple[str, int]] = [("none", 0)]
-        if "ngram" in sources:
-            for k in range(1, min(k_cap, len(trace.ngram_proposal[pos])) + 1):
-                a = min(k, trace.ngram_agree[pos])
-                cand = costs.ngram_s + costs.t(k + 1) + shifted(value[pos + a + 1], a + 1)
-                options.append(("ngram", k))
-                better = cand < best
-                best = np.where(better, cand, best)
-                arg = np.where(better, len(options) - 1, arg)
-        if "model" in sources:
-            for k in range(1, k_cap + 1):
-                a = min(k, trace.model_agree[pos])
-                lag_after = 2 if a == k else 1
-                cand = rel_draft + (k - 1) * per_token + costs.t(k + 1)
-                cand = cand + value[pos + a + 1][lag_after]
-                options.append(("model", k))
-                better = cand < best
-                best = np.where(better, cand, best)
-                arg = np.where(better, len(options) - 1, arg)
-        value[pos] = best
-        choice[pos] = [options[i] for i in arg]
+        rows[1:] = np.inf
+        rows[0] = t_verify[0] + value[pos + 1][shifts[1]]
+        m = min(k_cap, len(trace.ngram_proposal[pos])) if "ngram" in sources else 0
+        if m:
+            a = np.minimum(ks[:m], trace.ngram_agree[pos])
+            rows[1 : 1 + m] = ngram_fixed[:m, None] + value[(pos + a + 1)[:, None], shifts[a + 1]]
+        if "model" in sources and k_cap:
+            a = np.minimum(ks[:k_cap], trace.model_agree[pos])
+            after = value[pos + a + 1, np.where(a == ks[:k_cap], 2, 1)]
+            block = rel_draft[None, :] + model_fixed[:k_cap, None] + t_verify[1 : k_cap + 1, None]
+            rows[1 + k_max : 1 + k_max + k_cap] = block + after[:, None]
+        choice[pos] = rows.argmin(axis=0)
+        value[pos] = rows.min(axis=0)
+
+    def option(i: int) -> tuple[str, int]:
+        return ("none", 0) if i == 0 else ("ngram", i) if i <= k_max else ("model", i - k_max)
 
     result = ReplayResult("oracle")
     pos, lag = 0, 1
     while pos < n:
-        source, k = choice[pos][min(lag, n_lag)]
+        source, k = option(int(choice[pos][min(lag, n_lag)]))
         if source == "model":
             a = min(k, trace.model_agree[pos])
             step_s = costs.draft_s(k, lag) + costs.t(k + 1)
