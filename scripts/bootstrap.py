@@ -8,7 +8,8 @@ Standard library only: this runs before anything is installed. It
    (`scripts/patches/*.patch`, applied with `patch -p1`) and CMake flags chosen from this
    machine (CUDA where a CUDA toolkit *and* a GPU are present, Metal on Apple Silicon, otherwise
    the CPU's real features with AMX left off: a native build segfaults in
-   ggml_backend_amx_mul_mat on AMX CPUs), keeping the wheel in
+   ggml_backend_amx_mul_mat on AMX CPUs; on Linux, a linker version script that keeps the C++
+   standard library's symbols local, EXPORTS_MAP), keeping the wheel in
    `.cache/wheels/<version>-<flags and patches hash>/` so it is rebuilt only when the version,
    the flags or the patches change (pip's own wheel cache does not key on CMAKE_ARGS);
 4. runs a smoke decode in a child process so that a broken build fails set-up loudly.
@@ -95,6 +96,34 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+# The built libraries export no C++ standard-library symbols. Their copies of std templates
+# (std::regex, std::vector, ...) are otherwise exported weak, and the dynamic linker may bind
+# them to another extension's copies loaded first (numpy's, onnxruntime's): the first CUDA
+# build crashed so in libllama's std::regex (bench/results/issue17-gpu-check-h200). Every
+# symbol whose demangled name holds std:: or __gnu_cxx:: stays local; the rest is exported as
+# before (the libraries import none of these from one another). GNU ld and lld read it.
+EXPORTS_MAP = """{
+  global:
+    *;
+  local:
+    extern "C++" {
+      *std::*;
+      *__gnu_cxx::*;
+    };
+};
+"""
+
+
+def exports_map() -> Path:
+    """The version script above, written under .cache/ (named by its content)."""
+    digest = hashlib.sha256(EXPORTS_MAP.encode()).hexdigest()[:12]
+    path = ROOT / ".cache" / f"exports-{digest}.map"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(EXPORTS_MAP)
+    return path
+
+
 def cmake_args(batch_invariant: bool = False) -> list[str]:
     """CMake flags for this machine; user CMAKE_ARGS are appended and win. batch_invariant:
     without tinyBLAS (GGML_LLAMAFILE), so that a CPU build computes a position's logits the
@@ -113,6 +142,9 @@ def cmake_args(batch_invariant: bool = False) -> list[str]:
         for feature, option in X86_FEATURES.items():
             args.append(f"-D{option}={'ON' if feature in flags else 'OFF'}")
         args += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    if system == "Linux":
+        script = f"-Wl,--version-script={exports_map()}"
+        args += [f"-DCMAKE_SHARED_LINKER_FLAGS={script}", f"-DCMAKE_MODULE_LINKER_FLAGS={script}"]
     extra = os.environ.get("CMAKE_ARGS", "").split()
     return args + extra
 

@@ -371,8 +371,11 @@ def run(
         "from edge_spec.models.layer_subset import write_layer_subset\n"
         "write_layer_subset(Path(sys.argv[1]), Path(sys.argv[2]), "
         "[int(x) for x in sys.argv[3].split(',')])\n"
+        "from edge_spec.backend.runtime import exported_std_symbols, llama_library_paths\n"
         "print(json.dumps({'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
-        "  'system_info': llama_cpp.llama_print_system_info().decode()}))\n"
+        "  'system_info': llama_cpp.llama_print_system_info().decode(),\n"
+        "  'std_exports': {p.name: exported_std_symbols(p) for p in llama_library_paths()\n"
+        "                  if not p.is_symlink()}}))\n"
     )
     rc, stdout, text = child(
         env,
@@ -547,6 +550,7 @@ def summary(report: dict) -> str:
     lines = [
         f"mode {report['mode']}; GPU {report['gpu'] or 'none'}; offload {report['gpu_offload']}",
         f"build {report.get('build', {}).get('build_s', '-')} s",
+        f"C++ standard-library symbols exported: {report.get('std_exports')}",
         f"tests: {tests.get('tests')} run, {tests.get('failures')} failed, "
         f"{tests.get('errors')} errors, {tests.get('skipped')} skipped (rc {tests['returncode']})",
     ]

@@ -172,7 +172,7 @@ def test_the_bench_from_outside_the_process(tmp_path, where: str) -> None:
     out = tmp_path / "bench"
     command = [sys.executable, "-m", "edge_spec.cli", "bench", "--chat"]
     command += ["--prompt-set", str(mine), "--strategies", "ngram"]
-    command += ["--max-tokens", "12", "--out", str(out), "--no-progress", "--no-plots", where]
+    command += ["--max-tokens", "32", "--out", str(out), "--no-progress", "--no-plots", where]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((out / "results.json").read_text())

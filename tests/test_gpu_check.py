@@ -57,6 +57,7 @@ def test_dry_run_passes_every_step_on_this_build(packed: Path, tmp_path: Path) -
     report = json.loads((out / "gpu_check.json").read_text())
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert report["mode"] == "dry" and report["gpu_offload"] in (True, False)
+    assert report["std_exports"] and set(report["std_exports"].values()) <= {0, None}
     assert all(load["returncode"] == 0 for load in report["loads"].values()), report["loads"]
     tests = report["tests"]
     assert tests["returncode"] == 0 and tests["tests"] >= 8 and tests["failures"] == 0

@@ -7,6 +7,8 @@ import collections
 import ctypes
 import logging
 import os
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -108,6 +110,22 @@ def llama_library_paths() -> list[Path]:
         for path in sorted(lib.iterdir())
         if path.is_file() and any(ext in path.name for ext in (".so", ".dylib", ".dll"))
     ]
+
+
+def exported_std_symbols(path: Path) -> int | None:
+    """How many C++ standard-library symbols a native library exports: its defined dynamic
+    symbols whose demangled names hold std:: or __gnu_cxx:: (read with binutils' `nm -D -C`;
+    None where nm is missing or cannot read it). Exported, they can bind to another extension's
+    copies loaded first; the build keeps them local (scripts/bootstrap.py: EXPORTS_MAP)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    out = subprocess.run(
+        [nm, "-D", "-C", "--defined-only", str(path)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        return None
+    return sum("std::" in line or "__gnu_cxx::" in line for line in out.stdout.splitlines())
 
 
 def quantize(
