@@ -106,6 +106,9 @@ def in_home(home: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         if entry.name != "models":
             (cache / entry.name).symlink_to(entry)
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(cache))
+    # No draft head: one trained by another test of this worker would take the learned-draft
+    # slot of the same SmolLM2 file, and the draft chosen from the stores is what is checked.
+    monkeypatch.setenv("EDGE_SPEC_HEADS", str(tmp_path / "heads"))
     monkeypatch.setenv("HOME", str(home["root"]))
     for name in STORE_ENV:
         monkeypatch.delenv(name, raising=False)
