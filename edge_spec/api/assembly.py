@@ -185,18 +185,19 @@ def load_sources(
             sources[HEAD] = HeadDraft.load(head_dir, choice.target_path, target.n_vocab)
         except EdgeSpecError as exc:
             if choice.mode == HEAD:
-                _close(sources)
+                close_sources(sources)
                 raise
             # auto drafts without it: a broken head must not break generation.
             log.warning("the draft head in %s is not used: %s", head_dir, exc)
             head_dir = None
         except Exception:
-            _close(sources)
+            close_sources(sources)
             raise
     return sources, head_dir
 
 
-def _close(sources: dict[str, DraftSource]) -> None:
+def close_sources(sources: dict[str, DraftSource]) -> None:
+    """Free what the sources hold: the draft model, where it was loaded."""
     model = sources.get("model")
     if isinstance(model, LazyModelDraft):
         model.close()

@@ -32,7 +32,7 @@ from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
 from edge_spec.device.learned import LearnedKey, LearnedStore
 from edge_spec.device.profile import DeviceProfile, cached_profile, load_or_profile
-from edge_spec.drafts import DraftSource, LazyModelDraft, ModelDraft, NgramDraft
+from edge_spec.drafts import DraftSource, ModelDraft, NgramDraft
 from edge_spec.drafts.head import HeadDraft
 from edge_spec.errors import InvalidRequestError
 from edge_spec.models.placement import plan_placement
@@ -122,9 +122,7 @@ class EdgeSpec:
 
     def close(self) -> None:
         self._save_learned()
-        model = self._sources.get("model")
-        if isinstance(model, LazyModelDraft):
-            model.close()
+        assembly.close_sources(self._sources)
         self.target.close()
 
     def clear_session(self, session: str | None = None) -> None:
