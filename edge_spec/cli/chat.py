@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     term = Terminal(sys.stdout, color=_wants_color(sys.stdout, args.no_color))
     term.notice(f"loading {target}" + (f" with draft {draft}" if draft else ""))
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
+        spec.draft  # noqa: B018 - a session lives long: its draft loads now, not in an answer
         say_draft(why)
         session = ChatSession(spec, config, term, system=args.system)
         term.notice(session.banner())

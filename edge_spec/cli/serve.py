@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load() -> EdgeSpec:
         spec = EdgeSpec(target_path, draft_path, draft_mode=args.draft_mode, config=engine_config)
+        spec.draft  # noqa: B018 - a server lives long: its draft loads now, not in a request
         say_draft(draft_choice)
         return spec
 
