@@ -360,6 +360,31 @@ def test_ngram_index_answers_like_the_plain_scan() -> None:
     assert n_branches > 100  # the random contexts did fork
 
 
+def test_ngram_index_answers_like_the_plain_scan_on_long_copies() -> None:
+    """Text that copies long stretches of itself (matches past MAX_MATCH, the 8- and 16-grams
+    indexed beside 1..max_ngram) with a few edits: the index's shortcuts for long matches
+    and its bisection over n-gram sizes give the plain scan's answers."""
+    from edge_spec.drafts.ngram import MAX_MATCH, NgramIndex, lookup
+
+    rng = np.random.default_rng(11)
+    longest = 0
+    for _ in range(8):
+        index = NgramIndex(max_ngram=3)
+        block = rng.integers(0, 50, size=int(rng.integers(20, 60))).tolist()
+        context = block[:5]
+        while len(context) < 4 * len(block):
+            step = block[len(context) % len(block) :][: int(rng.integers(1, 5))] or block[:1]
+            if rng.random() < 0.05:  # an edit the copy does not share
+                step = [int(rng.integers(0, 50))]
+            context += step
+            k = int(rng.integers(1, 9))
+            for min_ngram in (1, 2, 3):
+                got = index.lookup(context, k, min_ngram, branches=min_ngram == 1)
+                assert got == lookup(context, k, 3, min_ngram, branches=min_ngram == 1)
+                longest = max(longest, got.match_len)
+    assert longest == MAX_MATCH  # the long-copy path ran
+
+
 def test_ngram_session_index_answers_like_the_plain_scan_over_earlier_requests() -> None:
     from edge_spec.drafts.ngram import NgramIndex, lookup
 

@@ -546,6 +546,67 @@ def test_decay_makes_old_evidence_fade() -> None:
     assert keeping.alphas(1)[0] == pytest.approx(0.5, abs=0.02)
 
 
+def test_lazy_fading_equals_fading_every_unobserved_step() -> None:
+    """A clocked estimate fades when read, for the steps that did not observe it; the same
+    evidence as one faded on every such step."""
+    from edge_spec.policy.estimators import ForgetClock
+
+    rng = np.random.default_rng(3)
+    clock = ForgetClock(0.99)
+    lazy = AcceptanceEstimate(prior=0.4, n_positions=6, decay=0.9, clock=clock)
+    eager = AcceptanceEstimate(prior=0.4, n_positions=6, decay=0.9)
+    for _ in range(3000):  # long enough for the scale to be folded in (1e-200) more than once
+        if rng.random() < 0.02:
+            n_drafted = int(rng.integers(1, 7))
+            n_accepted = int(rng.integers(0, n_drafted + 1))
+            lazy.observe(n_drafted, n_accepted)
+            eager.observe(n_drafted, n_accepted)
+            lazy.seen()
+        else:
+            eager.forget(0.99)
+        clock.now += 1
+        if rng.random() < 0.1:
+            assert lazy.alphas(8) == pytest.approx(eager.alphas(8), rel=1e-9)
+    assert lazy.state()["reached"] == pytest.approx(eager.state()["reached"], rel=1e-9)
+
+
+def test_online_costs_curve_and_caps_match_their_definitions() -> None:
+    """The corrected curve built once per measurement, and the risk ledger's caps found by
+    bisection, against t(n) and the ledger's first-exceeding k computed from scratch."""
+    rng = np.random.default_rng(4)
+    profile = CostCurve((10 * MS, 14 * MS, 17 * MS, 21 * MS), draft_token_s=4 * MS)
+    policy = CostModelK(profile, k_max=12)
+    costs = policy.costs
+    for _ in range(300):
+        n_drafted = int(rng.integers(0, 13))
+        slow = float(rng.uniform(0.5, 3.0))
+        source = "ngram" if n_drafted else "none"
+        verify_s = slow * profile.t(n_drafted + 1)
+        outcome = StepOutcome(source, n_drafted, 0, (), 0, 1e-5, verify_s)
+        costs.observe(outcome, 1)
+        ratios = [costs._log_ratio(n) for n in range(1, 14)]
+        for n in range(1, 14):
+            measured = [m for m in range(1, min(n, 13) + 1) if costs._verify[m].n]
+            log_ratio = costs._verify[measured[-1]].value if measured else costs._verify_all.value
+            assert ratios[n - 1] == log_ratio
+            assert costs.t(n) == profile.t(n) * math.exp(log_ratio)
+        policy._lost_s = float(rng.uniform(-0.1, 0.05))
+        policy._plain_s = float(rng.uniform(0, 1.0))
+        k_cap = int(rng.integers(0, 13))
+        allowance = policy._allowance()
+        expected = {}
+        for source in ("model", "ngram"):
+            k = 0
+            while k < k_cap:
+                extra = costs.t(k + 2) - costs.t(1)
+                extra += costs.draft_s(k + 1, policy.n_fresh) if source == "model" else 0.0
+                if extra > allowance:
+                    break
+                k += 1
+            expected[source] = k
+        assert policy._risk_caps(k_cap) == expected
+
+
 def test_the_prior_fades_as_evidence_comes_in() -> None:
     estimate = AcceptanceEstimate(prior=0.2, n_positions=4, decay=0.95)
     assert estimate.alphas(3) == pytest.approx([0.2] * 3)

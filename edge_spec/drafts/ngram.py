@@ -243,37 +243,51 @@ class NgramIndex:
         live.extend(context[n_seen : n_ctx - 1])
         if k <= 0:
             return NO_MATCH
-        for n in reversed(self.sizes):
-            if n > n_ctx - 1 or n < min_ngram:
-                continue
+        n, ends = self._longest(context, min_ngram)
+        if not ends:
+            return NO_MATCH
+        # (the occurrence's document, its end, its match length); the live document
+        # is read from the context itself, which also holds its last token.
+        docs, first, live_doc = self._docs, self._first, doc
+        scored = [
+            (src, e, _extend(src, e, context, n))
+            for d, e in reversed(ends)
+            for src in (context if d == live_doc else docs[d - first],)
+        ]
+        # The first of ties: the most recent.
+        best = max(range(len(scored)), key=lambda i: scored[i][2])
+        source, end, match = scored[best]
+        tokens = _continuation(source, end, k, periodic=source is context)
+        agreeing = _n_following(scored, tokens)
+        forks = _branches(scored, best, tokens, k) if branches else ()
+        return NgramCandidate(tokens, match, len(scored), agreeing, forks)
+
+    def _longest(
+        self, context: Sequence[int], min_ngram: int
+    ) -> tuple[int, list[tuple[int, int]] | None]:
+        """The longest indexed n (>= min_ngram, < len(context)) whose suffix n-gram occurred,
+        with its occurrences (None: none did). An n-gram's occurrence holds every shorter
+        suffix's, so the sizes are bisected: two or three dict reads instead of one per size."""
+        n_ctx = len(context)
+        sizes = [n for n in self.sizes if min_ngram <= n < n_ctx]
+        best: tuple[int, list[tuple[int, int]] | None] = (0, None)
+        lo, hi = 0, len(sizes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            n = sizes[mid]
             ends = self._ends.get(tuple(context[n_ctx - n :]))
             if ends:
-                scored = [self._scored(d, e, context, n) for d, e in reversed(ends)]
-                # The first of ties: the most recent.
-                best = max(range(len(scored)), key=lambda i: scored[i][2])
-                source, end, match = scored[best]
-                tokens = _continuation(source, end, k, periodic=source is context)
-                agreeing = sum(_follows(src, e, tokens) for src, e, _ in scored)
-                forks = _branches(scored, best, tokens, k) if branches else ()
-                return NgramCandidate(tokens, match, len(scored), agreeing, forks)
-        return NO_MATCH
-
-    def _scored(
-        self, doc: int, end: int, context: Sequence[int], n: int
-    ) -> tuple[Sequence[int], int, int]:
-        """(the occurrence's document, its end, its match length); the live document is read
-        from the context itself, which also holds its last token."""
-        source = (
-            context if doc == self._first + len(self._docs) - 1 else self._docs[doc - self._first]
-        )
-        return source, end, _extend(source, end, context, n)
+                best, lo = (n, ends), mid + 1
+            else:
+                hi = mid
+        return best
 
 
 def _continuation(source: Sequence[int], end: int, k: int, periodic: bool) -> tuple[int, ...]:
     """Up to k tokens of source from `end`. periodic: source is the live context, whose end a
     continuation may run into; the context then repeats with period len(source) - end, and the
     proposal goes on around the loop up to k tokens."""
-    tokens = [int(t) for t in source[end : end + k]]
+    tokens = list(map(int, source[end : end + k]))
     if periodic and 0 < len(tokens) < k:
         period = len(tokens)
         for i in range(period, k):
@@ -296,25 +310,39 @@ def _branches(
     for i, (source, end, _) in enumerate(occurrences):
         if i == best:
             continue
-        went = tuple(int(t) for t in source[end : end + k])
-        depth, limit = 0, min(len(went), len(tokens))
-        while depth < limit and went[depth] == tokens[depth]:
-            depth += 1
-        if depth < limit:  # else it agrees with the proposal as far as either goes
+        went = tuple(map(int, source[end : end + k]))
+        depth = _agreeing(went, tokens)
+        if depth < min(len(went), len(tokens)):  # else it agrees as far as either goes
             groups.setdefault((depth, went[depth]), []).append(went[depth:])
     n = len(occurrences)
     out = []
     for (depth, _), ways in groups.items():
         head = ways[0]  # the most recent
-        reach = [0] * len(head)  # reach[j]: how many of them went on with head[: j + 1]
+        if len(ways) == 1:
+            out.append(Branch(depth, head, (1 / n,) * len(head)))
+            continue
+        # reach[j]: how many of them went on with head[: j + 1]
+        ending = [0] * (len(head) + 1)  # ending[m]: how many agree with head for m tokens
         for way in ways:
-            j = 0
-            while j < min(len(way), len(head)) and way[j] == head[j]:
-                reach[j] += 1
-                j += 1
-        out.append(Branch(depth, head, tuple(r / n for r in reach)))
+            ending[_agreeing(way, head)] += 1
+        reach, going = [], len(ways)
+        for m in range(len(head)):
+            going -= ending[m]
+            reach.append(going / n)
+        out.append(Branch(depth, head, tuple(reach)))
     out.sort(key=lambda branch: -branch.weights[0])  # stable: ties stay most recent first
     return tuple(out)
+
+
+def _agreeing(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _follows(source: Sequence[int], end: int, tokens: tuple[int, ...]) -> bool:
@@ -323,11 +351,27 @@ def _follows(source: Sequence[int], end: int, tokens: tuple[int, ...]) -> bool:
     return bool(tokens) and end < len(source) and int(source[end]) == tokens[0]
 
 
+def _n_following(scored: Sequence[tuple[Sequence[int], int, int]], tokens: tuple[int, ...]) -> int:
+    """How many of the occurrences (source, end, match) were followed by the proposal's first
+    token (_follows, for the index's sources: lists of ints)."""
+    if not tokens:
+        return 0
+    first = tokens[0]
+    return sum(1 for source, end, _ in scored if end < len(source) and source[end] == first)
+
+
 def _extend(source: Sequence[int], end: int, context: Sequence[int], n: int) -> int:
     """How many tokens before `end` in source agree with the end of context (>= n, the
     matched n-gram; at most MAX_MATCH)."""
     match = n
     limit = min(MAX_MATCH, end, len(context) - 1)
+    if match >= limit or source[end - match - 1] != context[-match - 1]:
+        return match  # most occurrences of a short n-gram
+    n_ctx = len(context)
+    if isinstance(source, list) and (
+        source[end - limit : end - match] == context[n_ctx - limit : n_ctx - match]
+    ):
+        return limit  # a long copy (the index's documents are lists)
     while match < limit and source[end - match - 1] == context[-match - 1]:
         match += 1
     return match

@@ -5,6 +5,7 @@ cost curve, within the request's risk ledger."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from edge_spec.drafts.candidates import Consensus, NgramCandidate
 from edge_spec.policy.estimators import (
     AcceptanceEstimate,
     ConfidenceCalibration,
+    ForgetClock,
     OnlineCosts,
     RatioEstimate,
     RequestEstimate,
@@ -34,6 +36,10 @@ from edge_spec.policy.types import (
 NGRAM_BUCKETS = (1, 2, 3, 6, 12)
 NGRAM_MATCH_PRIOR = (0.6, 1.0, 1.4, 1.6, 1.8)
 NGRAM_CONSENSUS_PRIOR: dict[Consensus, float] = {"one": 1.0, "all": 1.2, "split": 0.6}
+# _BUCKET_OF[m]: the bucket of a match of m tokens (m <= the last bucket's).
+_BUCKET_OF = [0] + [
+    max(b for b in NGRAM_BUCKETS if b <= m) for m in range(1, NGRAM_BUCKETS[-1] + 1)
+]
 
 
 # The risk ledger of the draft-free mode a user picks explicitly (--draft-mode ngram), whose
@@ -59,7 +65,7 @@ MODEL_GAIN_REQUESTS = 4
 IDLE_PROBE_SHARE = 0.25
 
 
-@dataclass
+@dataclass(slots=True)
 class _Probe:
     """Exponential backoff for re-checking a source that lost: probe after `interval` steps
     without it, double the interval when the probe says it still loses, reset when it pays."""
@@ -139,10 +145,14 @@ class CostModelK:
         self.margin = margin
         self.risk_floor, self.risk_rate = risk_floor, risk_rate
         n = max(k_max, 1)
-        self.model = AcceptanceEstimate(prior["model"], n, decay)
+        # An estimate that goes unobserved fades (forget_rate per step), lazily.
+        self._clock = ForgetClock(forget_rate)
+        self.model = AcceptanceEstimate(prior["model"], n, decay, clock=self._clock)
         # Longer and unanimous matches predict acceptance better: separate estimates.
         self.ngram = {
-            (m, kind): AcceptanceEstimate(min(prior["ngram"] * f * g, 0.95), n, decay)
+            (m, kind): AcceptanceEstimate(
+                min(prior["ngram"] * f * g, 0.95), n, decay, clock=self._clock
+            )
             for m, f in zip(NGRAM_BUCKETS, NGRAM_MATCH_PRIOR)
             for kind, g in NGRAM_CONSENSUS_PRIOR.items()
         }
@@ -267,23 +277,22 @@ class CostModelK:
         if self.risk_floor is None:
             return dict.fromkeys(DRAFT_SOURCES, k_cap)
         c = self.costs
-        t1 = c.t(1)
+        curve = c.curve()  # k_cap <= k_max: t(k + 2) is on it
+        t1 = curve[1]
         allowance = self._allowance()
-        caps: dict[SourceName, int] = {}
-        for source in DRAFT_SOURCES:
-            k = 0
-            while k < k_cap:
-                extra = c.t(k + 2) - t1
-                if source == "model":
-                    extra += c.draft_s(k + 1, self.n_fresh)
-                if extra > allowance:
-                    break
-                k += 1
-            caps[source] = k
+        # The n-gram's worst case is the extra verification alone: the first k whose extra
+        # exceeds the allowance, by bisection on its running maximum.
+        caps: dict[SourceName, int] = {"ngram": min(bisect_right(c.extra_max(), allowance), k_cap)}
+        k = 0
+        while k < k_cap:
+            if curve[k + 2] - t1 + c.draft_s(k + 1, self.n_fresh) > allowance:
+                break
+            k += 1
+        caps["model"] = k
         return caps
 
     def _bucket(self, match_len: int, consensus: Consensus = "one") -> RequestEstimate:
-        m = max(b for b in NGRAM_BUCKETS if b <= max(match_len, 1))
+        m = _BUCKET_OF[min(max(match_len, 1), NGRAM_BUCKETS[-1])]
         return self._ngram_request[m, consensus]
 
     def _best_k(
@@ -292,10 +301,12 @@ class CostModelK:
         """(k, tokens/s) maximising E(k) / (fixed_s + k * per_token_s + t(k + 1)), k in 1..k_cap."""
         best_k, best_rate = 0, 0.0
         total, reach = 1.0, 1.0
+        curve = self.costs.curve()
         for k in range(1, k_cap + 1):
             reach *= alphas[k - 1]
             total += reach
-            rate = total / (fixed_s + k * per_token_s + self.costs.t(k + 1))
+            t = curve[k + 1] if k + 1 < len(curve) else self.costs.t(k + 1)
+            rate = total / (fixed_s + k * per_token_s + t)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -343,6 +354,7 @@ class CostModelK:
         t(1 + its tokens)), within `budget` tokens, self.tree_nodes branch tokens and
         MAX_TREE_LEAVES leaves. Without branch tokens this is the best chain."""
         c = self.costs
+        curve = c.curve()
         fixed = c.overhead_s + c.ngram_s
         branches = ngram.branches
         value = self.branch_yield.value
@@ -371,7 +383,7 @@ class CostModelK:
                 taken[pick] += 1
                 n_branch += 1
             expected += gain
-            rate = expected / (fixed + c.t(n + 1))
+            rate = expected / (fixed + (curve[n + 1] if n + 1 < len(curve) else c.t(n + 1)))
             if k > 0 and rate > best[2]:
                 best = (k, tuple(taken) if n_branch else (), rate)
         return best
@@ -553,10 +565,9 @@ class CostModelK:
         self._candidate = None
         # Evidence about a source that goes unused fades slowly, so that a source written off
         # long ago is tried again at its prior (besides the probes).
-        seen_shared = [getattr(seen, "shared", seen) for seen in observed]
-        for estimate in (self.model, *self.ngram.values()):
-            if all(estimate is not seen for seen in seen_shared):
-                estimate.forget(self.forget_rate)
+        for estimate in observed:
+            (estimate.shared if isinstance(estimate, RequestEstimate) else estimate).seen()
+        self._clock.now += 1
         for name, probe in self.probes.items():
             if name == used:
                 probe.since = 0

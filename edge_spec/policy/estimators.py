@@ -4,12 +4,28 @@ from measured step times."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edge_spec.policy.types import CostCurve, StepOutcome
+
+
+class ForgetClock:
+    """A policy's step count, shared by its estimates that fade lazily: an estimate not
+    observed in a step fades by `rate` for that step, applied when it is next read. A step
+    then touches only the estimates it reads or observes (a plain step ran a loop over all
+    sixteen, ~13 us with the caches cold after a target pass on this CPU)."""
+
+    __slots__ = ("now", "rate")
+
+    def __init__(self, rate: float) -> None:
+        self.now = 0
+        self.rate = rate
 
 
 class AcceptanceEstimate:
@@ -21,9 +37,29 @@ class AcceptanceEstimate:
     prior fades as evidence comes in and deep, rarely reached positions borrow from shallow ones.
     """
 
+    __slots__ = (
+        "prior",
+        "decay",
+        "prior_weight",
+        "_accepted",
+        "_reached",
+        "_scale",
+        "_alphas",
+        "_pooled",
+        "_clock",
+        "_stamp",
+    )
+
     def __init__(
-        self, prior: float, n_positions: int, decay: float = 0.95, prior_weight: float = 2.0
+        self,
+        prior: float,
+        n_positions: int,
+        decay: float = 0.95,
+        prior_weight: float = 2.0,
+        clock: ForgetClock | None = None,
     ) -> None:
+        """clock: the policy's steps, for an estimate that fades by clock.rate in every step
+        that did not observe it (the policy calls seen() for those that did)."""
         self.prior = min(max(prior, 0.0), 1.0)
         self.decay = decay
         self.prior_weight = prior_weight
@@ -34,40 +70,61 @@ class AcceptanceEstimate:
         self._scale = 1.0
         self._alphas: list[float] | None = None  # alphas(len) until the next change
         self._pooled = self.prior
+        self._clock = clock
+        self._stamp = clock.now if clock is not None else 0  # faded up to this step
+
+    def _catch_up(self) -> None:
+        """Apply the fading of the steps since the last one this estimate caught up to."""
+        clock = self._clock
+        if clock is not None and self._stamp != clock.now:
+            steps, self._stamp = clock.now - self._stamp, clock.now
+            self.forget(clock.rate**steps)
+
+    def seen(self) -> None:
+        """The current step observed this estimate: it does not fade for it."""
+        if self._clock is not None:
+            self._stamp = self._clock.now + 1
 
     @property
     def accepted(self) -> list[float]:
+        self._catch_up()
         return [a * self._scale for a in self._accepted]
 
     @property
     def reached(self) -> list[float]:
+        self._catch_up()
         return [r * self._scale for r in self._reached]
 
     def pooled(self) -> float:
+        self._catch_up()
         w, scale = self.prior_weight, self._scale
         return (sum(self._accepted) * scale + w * self.prior) / (sum(self._reached) * scale + w)
 
     def alphas(self, k: int) -> list[float]:
         """alpha_0 .. alpha_{k-1} (positions past the tracked range use the pooled rate)."""
         n = len(self._reached)
+        self._catch_up()
         if self._alphas is None:
-            w, pooled, scale = self.prior_weight, self.pooled(), self._scale
-            self._alphas = [
+            self._alphas = []
+            self._pooled = self.pooled()
+        done = self._alphas
+        if len(done) < min(k, n):  # computed as far as asked since the last change
+            w, pooled, scale = self.prior_weight, self._pooled, self._scale
+            done += [
                 (a * scale + w * pooled) / (r * scale + w)
-                for a, r in zip(self._accepted, self._reached)
+                for a, r in zip(self._accepted[len(done) : k], self._reached[len(done) : k])
             ]
-            self._pooled = pooled
         if k <= n:
-            return self._alphas[:k]
-        return self._alphas + [self._pooled] * (k - n)
+            return done[:k]
+        return done + [self._pooled] * (k - n)
 
     def forget(self, factor: float) -> None:
         """Let the evidence fade towards the prior without a new observation."""
         self._scale *= factor
         self._alphas = None
         if self._scale < 1e-200:  # fold the scale in before it underflows
-            self._accepted = self.accepted
-            self._reached = self.reached
+            self._accepted = [a * self._scale for a in self._accepted]
+            self._reached = [r * self._scale for r in self._reached]
             self._scale = 1.0
 
     def state(self) -> dict[str, list[float]]:
@@ -82,11 +139,14 @@ class AcceptanceEstimate:
             raise ValueError("more acceptances than drafts reached")
         self._accepted, self._reached, self._scale = accepted, reached, 1.0
         self._alphas = None
+        if self._clock is not None:
+            self._stamp = self._clock.now
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         """A step drafted n_drafted tokens and the first n_accepted of them were accepted."""
         if n_drafted <= 0:
             return
+        self._catch_up()
         self.forget(self.decay)
         one = 1.0 / self._scale
         for i in range(min(n_drafted, n_accepted + 1, len(self._reached))):
@@ -100,19 +160,19 @@ class RequestEstimate:
     was learned across requests, this one follows the text at hand (code being copied, or prose
     that does not repeat) within a few steps. Evidence goes to both."""
 
+    __slots__ = ("shared", "weight", "accepted", "reached")
+
     def __init__(self, shared: AcceptanceEstimate, weight: float = 3.0) -> None:
         self.shared = shared
         self.weight = weight
-        n = len(shared.reached)
+        n = len(shared._reached)
         self.accepted = [0.0] * n
         self.reached = [0.0] * n
 
     def alphas(self, k: int) -> list[float]:
-        w, n = self.weight, len(self.reached)
-        return [
-            (self.accepted[i] + w * g) / (self.reached[i] + w) if i < n else g
-            for i, g in enumerate(self.shared.alphas(k))
-        ]
+        w, shared = self.weight, self.shared.alphas(k)
+        own = [(a + w * g) / (r + w) for a, r, g in zip(self.accepted, self.reached, shared)]
+        return own + shared[len(own) :] if len(own) < k else own
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         self.shared.observe(n_drafted, n_accepted)
@@ -127,6 +187,8 @@ class RatioEstimate:
     `prior_weight` pseudo-counts of expectation: how far a token tree's branch weights (the
     share of occurrences that went each way) over- or under-state the tokens its branches
     really yield."""
+
+    __slots__ = ("prior", "decay", "prior_weight", "_expected", "_observed")
 
     def __init__(self, prior: float, decay: float = 0.95, prior_weight: float = 2.0) -> None:
         self.prior, self.decay, self.prior_weight = prior, decay, prior_weight
@@ -153,6 +215,8 @@ class RatioEstimate:
 class ConfidenceCalibration:
     """P(a draft token is accepted | the draft's probability for it), per confidence bin, from
     decayed counts; each bin's prior is the confidence itself (a calibrated draft)."""
+
+    __slots__ = ("decay", "prior_weight", "accepted", "seen")
 
     EDGES = (0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.96, 0.985, 0.995)
 
@@ -199,6 +263,8 @@ class ConfidenceCalibration:
 class _LogRatio:
     """A robust running estimate of measured / predicted: an EMA in log space whose inputs are
     clipped to within `clip` (a factor of 2) of the current estimate, bounded to 1/8 .. 8."""
+
+    __slots__ = ("weight", "clip", "value", "n")
 
     def __init__(self, weight: float = 0.1, clip: float = math.log(2.0)) -> None:
         self.weight = weight
@@ -276,6 +342,12 @@ class OnlineCosts:
     steps). A size's own ratio fades toward the pooled one while other sizes are measured, so a
     size misjudged once (a step slowed by another process) is chosen and measured again."""
 
+    __slots__ = (
+        "profile", "_verify", "_verify_all", "_draft", "overhead_s", "_n_overhead",
+        "_profile_t", "_t", "_extra_max", "_profile_draft", "_draft_exp", "_measured",
+        "_ratio_of",
+    )  # fmt: skip
+
     def __init__(self, profile: CostCurve, n_sizes: int) -> None:
         self.profile = profile
         self._verify = [_LogRatio() for _ in range(n_sizes + 1)]
@@ -283,7 +355,17 @@ class OnlineCosts:
         self._draft = _LogRatio()
         self.overhead_s = 0.0
         self._n_overhead = 0
+        # The policy reads t(n) for every k of every option on every step, and a measurement
+        # moves every measured size's ratio: the profile's own curve is read once here, the
+        # corrected one built once per measurement, and the sizes measured so far kept apart.
+        self._profile_t = [0.0] + [profile.t(n) for n in range(1, n_sizes + 1)]
         self._t: list[float] | None = None
+        self._extra_max: list[float] | None = None
+        self._profile_draft: dict[tuple[int, int], float] = {}  # profile.draft_s(k, n_fresh)
+        self._draft_exp = (0.0, 1.0)  # (the draft's log ratio, its exp)
+        self._measured: list[int] = []  # the sizes with a ratio of their own, ascending
+        self._ratio_of: list[int] = []
+        self._set_measured([])
 
     def state(self) -> dict[str, Any]:
         return {
@@ -300,6 +382,7 @@ class OnlineCosts:
             raise ValueError(f"verify ratios: expected {len(self._verify)}")
         for ratio, saved in zip(self._verify, verify):
             ratio.restore(saved)
+        self._set_measured([m for m, ratio in enumerate(self._verify) if ratio.n and m > 0])
         self._verify_all.restore(state.get("verify_all"))
         self._draft.restore(state.get("draft"))
         overhead_s = _float(state, "overhead_s")
@@ -312,33 +395,52 @@ class OnlineCosts:
         # A size never measured takes the ratio of the nearest smaller size that was (the
         # profile's shape may be off, not just its scale: a policy that never tries large
         # batches would otherwise never learn that they are cheaper than the profile says).
-        for m in range(min(n, len(self._verify) - 1), 0, -1):
-            if self._verify[m].n:
-                return self._verify[m].value
-        return self._verify_all.value
+        i = self._ratio_of[min(n, len(self._ratio_of) - 1)]
+        return self._verify[self._measured[i - 1]].value if i else self._verify_all.value
+
+    def _set_measured(self, measured: list[int]) -> None:
+        """The sizes with a ratio of their own, and for each size which ratio it takes: its
+        own, else the nearest smaller measured size's, else the pooled one (0)."""
+        self._measured = measured
+        self._ratio_of = [bisect.bisect_right(measured, n) for n in range(len(self._profile_t))]
+        self._t = None
 
     def t(self, n: int) -> float:
-        # Read for every k of every option on every step: the whole curve is computed once
-        # after each measurement.
-        if self._t is None:
-            self._t = self._curve()
-        if n < len(self._t):
-            return self._t[n]
+        if n < len(self._profile_t):
+            return self.curve()[n]
         return self.profile.t(n) * math.exp(self._log_ratio(n))
 
-    def _curve(self) -> list[float]:
-        """[0, t(1), t(2), ...] for the sizes with a ratio of their own or borrowed."""
-        out = [0.0]
-        ratio = self._verify_all.value
-        seen = False
-        for n in range(1, len(self._verify)):
-            if self._verify[n].n:
-                ratio, seen = self._verify[n].value, True
-            out.append(self.profile.t(n) * math.exp(ratio if seen else self._verify_all.value))
-        return out
+    def curve(self) -> list[float]:
+        """[0, t(1), t(2), ...] up to the largest batch the policy plans (read-only): the
+        sizes with a ratio of their own, and the larger ones borrowing the nearest smaller
+        measured size's, the smaller ones the pooled ratio's."""
+        if self._t is None:
+            # _ratio_of[n]: which ratio size n takes (0: the pooled one, i: _measured[i - 1]).
+            exps = [math.exp(self._verify_all.value)]
+            exps += [math.exp(self._verify[m].value) for m in self._measured]
+            self._t = [p * exps[i] for p, i in zip(self._profile_t, self._ratio_of)]
+            self._extra_max = None
+        return self._t
+
+    def extra_max(self) -> list[float]:
+        """[max over j <= k of t(j + 2) - t(1), for k = 0 .. n_max - 2] (read-only): where the
+        extra verification of k + 1 drafted tokens first exceeds a bound, by bisection."""
+        curve = self.curve()
+        if self._extra_max is None:
+            extra = map(operator.sub, curve[2:], itertools.repeat(curve[1]))
+            self._extra_max = list(itertools.accumulate(extra, max))
+        return self._extra_max
 
     def draft_s(self, k: int, n_fresh: int) -> float:
-        return self.profile.draft_s(k, n_fresh) * math.exp(self._draft.value)
+        key = (k, n_fresh)
+        profile_s = self._profile_draft.get(key)
+        if profile_s is None:
+            if len(self._profile_draft) >= 4096:
+                self._profile_draft.clear()
+            profile_s = self._profile_draft[key] = self.profile.draft_s(k, n_fresh)
+        if self._draft_exp[0] != self._draft.value:
+            self._draft_exp = (self._draft.value, math.exp(self._draft.value))
+        return profile_s * self._draft_exp[1]
 
     @property
     def ngram_s(self) -> float:
@@ -347,13 +449,17 @@ class OnlineCosts:
     def observe(self, outcome: StepOutcome, n_fresh: int) -> None:
         self._t = None
         n = outcome.n_drafted + 1
-        predicted = self.profile.t(n)
+        predicted = self._profile_t[n] if n < len(self._profile_t) else self.profile.t(n)
         if n < len(self._verify):
-            self._verify[n].observe(outcome.verify_s, predicted, self._log_ratio(n))
+            ratio = self._verify[n]
+            ratio.observe(outcome.verify_s, predicted, self._log_ratio(n))
+            if ratio.n and n not in self._measured:
+                self._set_measured(sorted([*self._measured, n]))
         self._verify_all.observe(outcome.verify_s, predicted)
         pooled = self._verify_all.value
-        for m, ratio in enumerate(self._verify):
-            if m != n and ratio.n:
+        for m in self._measured:
+            if m != n:
+                ratio = self._verify[m]
                 ratio.value += _FADE * (pooled - ratio.value)
         if outcome.source == "none":
             # Bounded: at most a tenth of a plain step, so one slow call cannot poison plans.
