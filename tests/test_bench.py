@@ -89,6 +89,25 @@ def test_speedup_is_a_ratio_of_aggregates_over_the_same_prompts() -> None:
     assert "| code | 0 | fast |" in table and "2.00×" in table
 
 
+def test_stats_keep_the_plain_steps_overhead_apart() -> None:
+    """What a request that never drafts pays: the time outside llama_decode of the steps that
+    drafted nothing, apart from the drafting steps' (which also verify and roll back)."""
+    from edge_spec.decode.engine import Step
+    from edge_spec.decode.stats import StatsCollector
+
+    collector = StatsCollector()
+    collector.step(Step((5,), "none", 0, 0, 0, 0.001, 0.019, decode_s=0.0185))
+    collector.step(Step((6, 7), "ngram", 2, 2, 1, 0.002, 0.030, decode_s=0.0260))
+    collector.step(Step((8,), "none", 0, 0, 0, 0.001, 0.021, decode_s=0.0200))
+    s = collector.result(n_prompt=3, n_generated=4, total_s=0.1)
+    assert s.n_plain_steps == 2
+    assert s.plain_s == pytest.approx(0.042)
+    assert s.plain_overhead_s == pytest.approx(0.0035)
+    assert s.plain_overhead_fraction == pytest.approx(0.0035 / 0.042)
+    assert s.to_dict()["plain_overhead_fraction"] == pytest.approx(0.0035 / 0.042)
+    assert type(s).from_dict(s.to_dict()) == s
+
+
 @pytest.mark.models
 def test_bench_command_writes_results(tmp_path) -> None:
     import json

@@ -422,6 +422,8 @@ def test_stats_are_consistent(spec: EdgeSpec) -> None:
     assert s.decode_s + s.overhead_s == pytest.approx(s.total_s - s.prefill_s, rel=1e-6)
     assert 0 < s.overhead_fraction < 1
     assert s.overhead_per_step_s == pytest.approx(s.overhead_s / s.n_steps)
+    assert s.k_chosen[0] <= s.n_plain_steps <= s.n_steps  # k = 0 planned: nothing drafted
+    assert 0 <= s.plain_overhead_s <= s.plain_s <= s.draft_s + s.verify_s
     assert sum(s.drafted_by_source.values()) == s.n_drafted
     assert sum(s.accepted_by_source.values()) == s.n_accepted
     assert result.text == spec.target.detokenize(result.token_ids)

@@ -37,6 +37,8 @@ class Summary:
     # Orchestration: the wall time after the prefill that is not inside llama_decode.
     overhead_per_step_ms: float = 0.0
     overhead_fraction: float = 0.0
+    # The same over the steps that drafted nothing (what a request that never drafts pays).
+    plain_overhead_fraction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +116,14 @@ def _summary(
         },
         overhead_per_step_ms=1e3 * sum(r.overhead_s for r in group) / steps if steps else 0.0,
         overhead_fraction=sum(r.overhead_s for r in group) / decode_s if decode_s else 0.0,
+        plain_overhead_fraction=_ratio(
+            sum(r.plain_overhead_s for r in group), sum(r.plain_s for r in group)
+        ),
     )
+
+
+def _ratio(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
 
 
 def _speedup(
@@ -159,8 +168,8 @@ def markdown_table(summaries: Sequence[Summary], temperature: float | None = Non
     accepted per step, and the most chosen k."""
     lines = [
         "| category | T | strategy | tokens/s | speedup (95% CI) | acceptance | "
-        "accepted/step | overhead/step | k chosen (0,1,2,..) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "accepted/step | overhead/step | overhead, plain steps | k chosen (0,1,2,..) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         if temperature is not None and s.temperature != temperature:
@@ -169,7 +178,7 @@ def markdown_table(summaries: Sequence[Summary], temperature: float | None = Non
             f"| {s.category} | {s.temperature:g} | {s.strategy} | {s.tokens_per_s:.1f} | "
             f"{s.speedup:.2f}× ({s.speedup_ci95[0]:.2f}–{s.speedup_ci95[1]:.2f}) | "
             f"{s.acceptance_rate:.2f} | {s.mean_accepted_per_step:.2f} | "
-            f"{_overhead(s)} | {' '.join(map(str, s.k_chosen)) or '-'} |"
+            f"{_overhead(s)} | {_plain(s)} | {' '.join(map(str, s.k_chosen)) or '-'} |"
         )
     return "\n".join(lines)
 
@@ -179,6 +188,11 @@ def _overhead(s: Summary) -> str:
     if s.overhead_fraction <= 0:
         return "-"
     return f"{s.overhead_per_step_ms:.2f} ms ({100 * s.overhead_fraction:.1f} %)"
+
+
+def _plain(s: Summary) -> str:
+    """The overhead's share of the steps that drafted nothing ("-" where not measured)."""
+    return f"{100 * s.plain_overhead_fraction:.1f} %" if s.plain_overhead_fraction > 0 else "-"
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,9 @@ class Run:
     # Under a grammar: its forced text's accepted tokens, and the time its masks took.
     n_forced_accepted: int = 0
     constraint_s: float = 0.0
+    # The steps that drafted nothing: their time, and of it the time outside llama_decode.
+    plain_s: float = 0.0
+    plain_overhead_s: float = 0.0
 
     @classmethod
     def of(
@@ -189,6 +192,8 @@ class Run:
             wall_s,
             s.accepted_by_source.get("grammar", 0),
             s.constraint_s,
+            s.plain_s,
+            s.plain_overhead_s,
         )
 
     @classmethod

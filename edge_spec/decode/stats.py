@@ -52,6 +52,11 @@ class GenerationStats:
     constraint_s: float = 0.0
     # Draft sources that failed and were set aside for the rest of the request: name -> error
     sources_set_aside: dict[str, str] = field(default_factory=dict)
+    # The steps that drafted nothing: how many, their time, and of it the time outside
+    # llama_decode (lookup, planning, sampling): what a request that never drafts pays.
+    n_plain_steps: int = 0
+    plain_s: float = 0.0
+    plain_overhead_s: float = 0.0
 
     @property
     def overhead_per_step_s(self) -> float:
@@ -63,6 +68,11 @@ class GenerationStats:
         decode_wall_s = self.total_s - self.prefill_s
         return self.overhead_s / decode_wall_s if decode_wall_s > 0 else 0.0
 
+    @property
+    def plain_overhead_fraction(self) -> float:
+        """Orchestration overhead over the time of the steps that drafted nothing."""
+        return self.plain_overhead_s / self.plain_s if self.plain_s > 0 else 0.0
+
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         for key, value in out.items():
@@ -70,6 +80,7 @@ class GenerationStats:
                 out[key] = list(value)
         out["overhead_per_step_s"] = self.overhead_per_step_s
         out["overhead_fraction"] = self.overhead_fraction
+        out["plain_overhead_fraction"] = self.plain_overhead_fraction
         return out
 
     @classmethod
@@ -106,6 +117,8 @@ class StatsCollector:
         self.n_drafted = self.n_accepted = 0
         self.n_tree_steps = self.n_branch_drafted = self.n_branch_accepted = 0
         self.sources_set_aside: dict[str, str] = {}
+        self.n_plain_steps = 0
+        self.plain_s = self.plain_overhead_s = 0.0
 
     def prefill(self, event: Prefill) -> None:
         self.n_cached = event.n_cached
@@ -124,6 +137,10 @@ class StatsCollector:
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
         self.decode_s += event.decode_s
+        if event.n_drafted == 0:
+            self.n_plain_steps += 1
+            self.plain_s += event.draft_s + event.verify_s
+            self.plain_overhead_s += event.draft_s + event.verify_s - event.decode_s
         source = self._names.get(event.source, event.source)
         self.steps_by_source[source] = self.steps_by_source.get(source, 0) + 1
         # A grammar's forced text is its own source's draft, ahead of the step's source.
@@ -189,4 +206,7 @@ class StatsCollector:
             n_branch_accepted=self.n_branch_accepted,
             constraint_s=constraint_s,
             sources_set_aside=dict(self.sources_set_aside),
+            n_plain_steps=self.n_plain_steps,
+            plain_s=self.plain_s,
+            plain_overhead_s=max(self.plain_overhead_s, 0.0),
         )
