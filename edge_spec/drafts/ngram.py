@@ -125,7 +125,10 @@ class NgramDraft:
         )
 
     def begin(self, prompt: Sequence[int]) -> None:
+        """A new request: its prompt is indexed now, with the prefill (the engine passes the
+        list its steps then grow), not in the first step."""
         self._index.new_document()
+        self._index.lookup(prompt, 0, self.min_ngram)
 
     def clear_session(self, session: str | None = None) -> None:
         """Forget one session's earlier requests, or every session's (None)."""
