@@ -65,20 +65,6 @@ MODEL_GAIN_REQUESTS = 4
 IDLE_PROBE_SHARE = 0.25
 
 
-def _none_better(
-    tokens: float, gain: float, n: int, n_last: int, base_s: float, slope_s: float, best: float
-) -> bool:
-    """Whether no draft of j = n + 1 .. n_last tokens can beat the rate `best`, when each token
-    past n adds at most `gain` expected tokens and the step costs at least base_s + j * slope_s:
-    that bound on the rate is a ratio of two lines in j, so its largest value is at an end
-    (a margin for rounding keeps a shortcut taken from ever changing the plan)."""
-    for j in (n + 1, n_last):
-        least_s = base_s + j * slope_s
-        if least_s <= 0 or (tokens + gain * (j - n)) / least_s * (1.0 + 1e-9) > best:
-            return False
-    return True
-
-
 @dataclass(slots=True)
 class _Probe:
     """Exponential backoff for re-checking a source that lost: probe after `interval` steps
@@ -316,9 +302,6 @@ class CostModelK:
         best_k, best_rate = 0, 0.0
         total, reach = 1.0, 1.0
         curve = self.costs.curve()
-        # No longer draft can win once even its best case does not: a further token adds at
-        # most `reach` (alphas <= 1), and t(j + 1) >= t(1) + j * min_slope.
-        base_s, slope_s = fixed_s + curve[1], per_token_s + self.costs.min_slope()
         for k in range(1, k_cap + 1):
             reach *= alphas[k - 1]
             total += reach
@@ -326,8 +309,6 @@ class CostModelK:
             rate = total / (fixed_s + k * per_token_s + t)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-            if k < k_cap and _none_better(total, reach, k, k_cap, base_s, slope_s, best_rate):
-                break
         return best_k, best_rate
 
     def options(
@@ -381,10 +362,6 @@ class CostModelK:
         k = n_branch = opened = 0
         reach, expected = 1.0, 1.0
         best: tuple[int, tuple[int, ...], float] = (0, (), 0.0)
-        # No node adds more than the main chain's reach (alphas <= 1) or a branch's heaviest
-        # weight times the yield: the bound under which larger trees are not tried.
-        branch_gain = value * max((b.weights[0] for b in branches if b.weights), default=0.0)
-        base_s, slope_s = fixed + curve[1], c.min_slope()
         for n in range(1, budget + 1):
             gain, pick = (reach * alphas[k], -1) if k < len(alphas) else (0.0, -1)
             if n_branch < self.tree_nodes:
@@ -409,11 +386,6 @@ class CostModelK:
             rate = expected / (fixed + (curve[n + 1] if n + 1 < len(curve) else c.t(n + 1)))
             if k > 0 and rate > best[2]:
                 best = (k, tuple(taken) if n_branch else (), rate)
-            gain_most = max(reach, branch_gain)
-            if n < budget and _none_better(
-                expected, gain_most, n, budget, base_s, slope_s, best[2]
-            ):
-                break
         return best
 
     def plan(

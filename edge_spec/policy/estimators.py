@@ -344,8 +344,8 @@ class OnlineCosts:
 
     __slots__ = (
         "profile", "_verify", "_verify_all", "_draft", "overhead_s", "_n_overhead",
-        "_profile_t", "_t", "_extra_max", "_min_slope", "_profile_draft", "_draft_exp",
-        "_measured", "_ratio_of",
+        "_profile_t", "_t", "_extra_max", "_profile_draft", "_draft_exp", "_measured",
+        "_ratio_of",
     )  # fmt: skip
 
     def __init__(self, profile: CostCurve, n_sizes: int) -> None:
@@ -361,7 +361,6 @@ class OnlineCosts:
         self._profile_t = [0.0] + [profile.t(n) for n in range(1, n_sizes + 1)]
         self._t: list[float] | None = None
         self._extra_max: list[float] | None = None
-        self._min_slope: float | None = None
         self._profile_draft: dict[tuple[int, int], float] = {}  # profile.draft_s(k, n_fresh)
         self._draft_exp = (0.0, 1.0)  # (the draft's log ratio, its exp)
         self._measured: list[int] = []  # the sizes with a ratio of their own, ascending
@@ -420,19 +419,8 @@ class OnlineCosts:
             exps = [math.exp(self._verify_all.value)]
             exps += [math.exp(self._verify[m].value) for m in self._measured]
             self._t = [p * exps[i] for p, i in zip(self._profile_t, self._ratio_of)]
-            self._extra_max = self._min_slope = None
+            self._extra_max = None
         return self._t
-
-    def min_slope(self) -> float:
-        """The least (t(n + 1) - t(1)) / n over the curve: t(n + 1) >= t(1) + n * min_slope()
-        for every n on it, the bound under which the policy stops trying longer drafts."""
-        curve = self.curve()
-        if self._min_slope is None:
-            t1 = curve[1]
-            self._min_slope = min(
-                ((curve[n + 1] - t1) / n for n in range(1, len(curve) - 1)), default=0.0
-            )
-        return self._min_slope
 
     def extra_max(self) -> list[float]:
         """[max over j <= k of t(j + 2) - t(1), for k = 0 .. n_max - 2] (read-only): where the
