@@ -5,7 +5,6 @@ cost curve, within the request's risk ledger."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -280,15 +279,17 @@ class CostModelK:
         curve = c.curve()  # k_cap <= k_max: t(k + 2) is on it
         t1 = curve[1]
         allowance = self._allowance()
-        # The n-gram's worst case is the extra verification alone: the first k whose extra
-        # exceeds the allowance, by bisection on its running maximum.
-        caps: dict[SourceName, int] = {"ngram": min(bisect_right(c.extra_max(), allowance), k_cap)}
-        k = 0
-        while k < k_cap:
-            if curve[k + 2] - t1 + c.draft_s(k + 1, self.n_fresh) > allowance:
-                break
-            k += 1
-        caps["model"] = k
+        caps: dict[SourceName, int] = {}
+        for source in DRAFT_SOURCES:
+            k = 0
+            while k < k_cap:
+                extra = curve[k + 2] - t1
+                if source == "model":
+                    extra += c.draft_s(k + 1, self.n_fresh)
+                if extra > allowance:
+                    break
+                k += 1
+            caps[source] = k
         return caps
 
     def _bucket(self, match_len: int, consensus: Consensus = "one") -> RequestEstimate:

@@ -5,9 +5,7 @@ from measured step times."""
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -344,7 +342,7 @@ class OnlineCosts:
 
     __slots__ = (
         "profile", "_verify", "_verify_all", "_draft", "overhead_s", "_n_overhead",
-        "_profile_t", "_t", "_extra_max", "_profile_draft", "_draft_exp", "_measured",
+        "_profile_t", "_t", "_profile_draft", "_draft_exp", "_measured",
         "_ratio_of",
     )  # fmt: skip
 
@@ -360,7 +358,6 @@ class OnlineCosts:
         # corrected one built once per measurement, and the sizes measured so far kept apart.
         self._profile_t = [0.0] + [profile.t(n) for n in range(1, n_sizes + 1)]
         self._t: list[float] | None = None
-        self._extra_max: list[float] | None = None
         self._profile_draft: dict[tuple[int, int], float] = {}  # profile.draft_s(k, n_fresh)
         self._draft_exp = (0.0, 1.0)  # (the draft's log ratio, its exp)
         self._measured: list[int] = []  # the sizes with a ratio of their own, ascending
@@ -419,17 +416,7 @@ class OnlineCosts:
             exps = [math.exp(self._verify_all.value)]
             exps += [math.exp(self._verify[m].value) for m in self._measured]
             self._t = [p * exps[i] for p, i in zip(self._profile_t, self._ratio_of)]
-            self._extra_max = None
         return self._t
-
-    def extra_max(self) -> list[float]:
-        """[max over j <= k of t(j + 2) - t(1), for k = 0 .. n_max - 2] (read-only): where the
-        extra verification of k + 1 drafted tokens first exceeds a bound, by bisection."""
-        curve = self.curve()
-        if self._extra_max is None:
-            extra = map(operator.sub, curve[2:], itertools.repeat(curve[1]))
-            self._extra_max = list(itertools.accumulate(extra, max))
-        return self._extra_max
 
     def draft_s(self, k: int, n_fresh: int) -> float:
         key = (k, n_fresh)
