@@ -84,6 +84,8 @@ def _summary(
     drafted = _sum_positions(r.drafted_per_position for r in group)
     accepted = _sum_positions(r.accepted_per_position for r in group)
     steps = sum(r.n_steps for r in group)
+    plain_s = sum(r.plain_s for r in group)
+    plain_overhead_s = sum(r.plain_overhead_s for r in group)
     n_drafted = sum(r.n_drafted for r in group)  # totals: peers report no per-position counts
     n_accepted = sum(r.n_accepted for r in group)
     k_hist = _sum_positions(r.k_chosen for r in group)
@@ -116,14 +118,8 @@ def _summary(
         },
         overhead_per_step_ms=1e3 * sum(r.overhead_s for r in group) / steps if steps else 0.0,
         overhead_fraction=sum(r.overhead_s for r in group) / decode_s if decode_s else 0.0,
-        plain_overhead_fraction=_ratio(
-            sum(r.plain_overhead_s for r in group), sum(r.plain_s for r in group)
-        ),
+        plain_overhead_fraction=plain_overhead_s / plain_s if plain_s else 0.0,
     )
-
-
-def _ratio(part: float, whole: float) -> float:
-    return part / whole if whole > 0 else 0.0
 
 
 def _speedup(

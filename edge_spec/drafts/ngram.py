@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from edge_spec.backend import common_prefix
 from edge_spec.drafts.base import Draft, KeepDrafting
 from edge_spec.drafts.candidates import NO_MATCH, Branch, NgramCandidate
 from edge_spec.sampling.keys import SampleKeys
@@ -128,7 +129,7 @@ class NgramDraft:
         """A new request: its prompt is indexed now, with the prefill (the engine passes the
         list its steps then grow), not in the first step."""
         self._index.new_document()
-        self._index.lookup(prompt, 0, self.min_ngram)
+        self._index.update(prompt)
 
     def clear_session(self, session: str | None = None) -> None:
         """Forget one session's earlier requests, or every session's (None)."""
@@ -221,6 +222,32 @@ class NgramIndex:
     ) -> NgramCandidate:
         """The same answer as `lookup(context, k, max_ngram, min_ngram, history, branches)`
         with the session's documents as history."""
+        self.update(context)
+        if k <= 0:
+            return NO_MATCH
+        n, ends = self._longest(context, min_ngram)
+        if not ends:
+            return NO_MATCH
+        # (the occurrence's document, its end, its match length); the live document
+        # is read from the context itself, which also holds its last token.
+        docs, first = self._docs, self._first
+        live_doc = first + len(docs) - 1
+        scored = [
+            (src, e, _extend(src, e, context, n))
+            for d, e in reversed(ends)
+            for src in (context if d == live_doc else docs[d - first],)
+        ]
+        # The first of ties: the most recent.
+        best = max(range(len(scored)), key=lambda i: scored[i][2])
+        source, end, match = scored[best]
+        tokens = _continuation(source, end, k, periodic=source is context)
+        agreeing = _n_following(scored, tokens)
+        forks = _branches(scored, best, tokens, k) if branches else ()
+        return NgramCandidate(tokens, match, len(scored), agreeing, forks)
+
+    def update(self, context: Sequence[int]) -> None:
+        """Index the n-grams of `context` not indexed yet: its new tokens when it extends the
+        live document, else all of it as a new document."""
         live = self._live
         n_ctx, n_seen = len(context), len(live)
         # The engine passes one list that only grows: then the prefix need not be compared.
@@ -244,26 +271,6 @@ class NgramIndex:
                 if len(ends) > N_RECENT:
                     del ends[0]
         live.extend(context[n_seen : n_ctx - 1])
-        if k <= 0:
-            return NO_MATCH
-        n, ends = self._longest(context, min_ngram)
-        if not ends:
-            return NO_MATCH
-        # (the occurrence's document, its end, its match length); the live document
-        # is read from the context itself, which also holds its last token.
-        docs, first, live_doc = self._docs, self._first, doc
-        scored = [
-            (src, e, _extend(src, e, context, n))
-            for d, e in reversed(ends)
-            for src in (context if d == live_doc else docs[d - first],)
-        ]
-        # The first of ties: the most recent.
-        best = max(range(len(scored)), key=lambda i: scored[i][2])
-        source, end, match = scored[best]
-        tokens = _continuation(source, end, k, periodic=source is context)
-        agreeing = _n_following(scored, tokens)
-        forks = _branches(scored, best, tokens, k) if branches else ()
-        return NgramCandidate(tokens, match, len(scored), agreeing, forks)
 
     def _longest(
         self, context: Sequence[int], min_ngram: int
@@ -314,7 +321,7 @@ def _branches(
         if i == best:
             continue
         went = tuple(map(int, source[end : end + k]))
-        depth = _agreeing(went, tokens)
+        depth = common_prefix(went, tokens)
         if depth < min(len(went), len(tokens)):  # else it agrees as far as either goes
             groups.setdefault((depth, went[depth]), []).append(went[depth:])
     n = len(occurrences)
@@ -327,7 +334,7 @@ def _branches(
         # reach[j]: how many of them went on with head[: j + 1]
         ending = [0] * (len(head) + 1)  # ending[m]: how many agree with head for m tokens
         for way in ways:
-            ending[_agreeing(way, head)] += 1
+            ending[common_prefix(way, head)] += 1
         reach, going = [], len(ways)
         for m in range(len(head)):
             going -= ending[m]
@@ -337,26 +344,9 @@ def _branches(
     return tuple(out)
 
 
-def _agreeing(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """How many leading tokens a and b share."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _follows(source: Sequence[int], end: int, tokens: tuple[int, ...]) -> bool:
-    """Whether the occurrence ending at `end` was followed by the proposal's first token (an
-    earlier request's document ends before its last token: nothing follows there)."""
-    return bool(tokens) and end < len(source) and int(source[end]) == tokens[0]
-
-
 def _n_following(scored: Sequence[tuple[Sequence[int], int, int]], tokens: tuple[int, ...]) -> int:
     """How many of the occurrences (source, end, match) were followed by the proposal's first
-    token (_follows, for the index's sources: lists of ints)."""
+    token (an earlier request's document ends before its last token: nothing follows there)."""
     if not tokens:
         return 0
     first = tokens[0]
@@ -420,7 +410,7 @@ def lookup(
             match, best = max(scored)
             d, end = recent[best]
             tokens = _continuation(_full(d, docs, ids), end, k, periodic=d == len(docs) - 1)
-            agreeing = sum(_follows(_full(d, docs, ids), e, tokens) for d, e in recent)
+            agreeing = _n_following([(_full(d, docs, ids), e, 0) for d, e in recent], tokens)
             forks: tuple[Branch, ...] = ()
             if branches:
                 newest_first = [(_full(d, docs, ids), e, 0) for d, e in reversed(recent)]

@@ -302,12 +302,11 @@ class CostModelK:
         """(k, tokens/s) maximising E(k) / (fixed_s + k * per_token_s + t(k + 1)), k in 1..k_cap."""
         best_k, best_rate = 0, 0.0
         total, reach = 1.0, 1.0
-        curve = self.costs.curve()
+        curve = self.costs.curve()  # k_cap <= k_max: t(k + 1) is on it
         for k in range(1, k_cap + 1):
             reach *= alphas[k - 1]
             total += reach
-            t = curve[k + 1] if k + 1 < len(curve) else self.costs.t(k + 1)
-            rate = total / (fixed_s + k * per_token_s + t)
+            rate = total / (fixed_s + k * per_token_s + curve[k + 1])
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -355,7 +354,7 @@ class CostModelK:
         t(1 + its tokens)), within `budget` tokens, self.tree_nodes branch tokens and
         MAX_TREE_LEAVES leaves. Without branch tokens this is the best chain."""
         c = self.costs
-        curve = c.curve()
+        curve = c.curve()  # budget <= k_max: t(n + 1) is on it
         fixed = c.overhead_s + c.ngram_s
         branches = ngram.branches
         value = self.branch_yield.value
@@ -384,7 +383,7 @@ class CostModelK:
                 taken[pick] += 1
                 n_branch += 1
             expected += gain
-            rate = expected / (fixed + (curve[n + 1] if n + 1 < len(curve) else c.t(n + 1)))
+            rate = expected / (fixed + curve[n + 1])
             if k > 0 and rate > best[2]:
                 best = (k, tuple(taken) if n_branch else (), rate)
         return best
