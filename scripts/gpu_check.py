@@ -1,36 +1,56 @@
 #!/usr/bin/env python3
-"""A GPU check that fits a borrowed machine: CUDA build, exactness tests, full-offload profile.
+"""The GPU check for a borrowed machine: a CUDA build, a full-depth real model offloaded,
+exactness against the target alone, the device's t(n) and the quick bench, in two device calls.
 
-A lent accelerator here comes with hard limits: minutes of device time, no network, and the
-repository copy under 64 MiB. So the check is two steps.
+A lent accelerator here comes with hard limits: minutes of device time, no network, at most 64
+MiB of repository copy per call (the tracked tree included), and 8 files back. The real model
+(SmolLM2-135M-Instruct, all 30 blocks, pure Q4_0: 74 MiB, 68 MiB gzipped, the smallest
+llama.cpp makes of it, since its 576-wide rows allow only 32-value blocks) does not fit one
+call, so the check comes in two halves that meet on the warm machine:
 
-`pack` (on a machine with the project set up) writes everything the run needs into one folder,
-`.gpucheck/` by default (ignored by git; name it in the device tool's `carry`):
-- the llama-cpp-python sdist of the pinned version, trimmed to what a CUDA build reads (the
-  Python package, llama.cpp's library, ggml's CPU, CUDA and RPC backends, the common library and
-  its vendored headers: no models, docs, tests, tools, examples or other backends);
-- a small model derived for the purpose: the chat target's first blocks (a real vocabulary,
-  tokenizer and chat template; garbage text, exact logits), re-quantized to Q4_0. It checks
-  correctness and the t(n) curve, not quality; the draft is derived from it on the machine;
-- the pure-Python wheels the machine's image lacks (gguf, diskcache).
+`pack` (here, with the project set up) writes `.gpucheck/a/` and `.gpucheck/b/`, each small
+enough to travel beside the tree:
+- a/: the llama-cpp-python sdist of the pinned version trimmed to what a CUDA build reads, and
+  the gzipped model's first bytes;
+- b/: the rest of it, the pure-Python wheels the machine's image lacks (gguf,
+  diskcache), and the draft head trained for this exact model where this machine has one and
+  the call has room (`edge-spec head train -m <the packed model>`: a 15 MiB graph; the head
+  strategy is skipped without it).
 
-`run` builds llama-cpp-python with CUDA from that source (CMake flags from bootstrap plus this
-GPU's architecture; FlashAttention kernels only with --fa, since they double the build time),
-then, on the small pair with every layer offloaded: the real-model exactness tests
-(tests/test_engine_real.py: greedy speculative output against the target alone, same seed same
-output, KV rollback, token trees) and `edge-spec profile --full` (the device's t(n) through the
-GPU). It writes `gpu_check.json` (build time, GPU, offload, test counts, the profile's curve),
-the profile and the logs into --out. `run --dry` skips the CUDA build and runs the rest on this
-machine's own build (no offload): CI runs it, so the script cannot rot between loans.
+`run --stage build` (call 1, carry `.gpucheck/a`) builds llama-cpp-python with CUDA for this
+GPU's architecture into `.gpucheck-state/` (ignored by git, so it stays on the warm machine for
+call 2) and moves the model's first part there. `run --stage check` (call 2, carry
+`.gpucheck/b`, issued as soon as call 1 returns: the machine goes back after 30 s idle) joins the
+model, checks its sha256, and runs, each step inside what `--budget` leaves:
+1. the self-draft (the target without blocks 4-7, as `edge_spec.device.self_draft` chose for
+   this model here), whether the build offloads, and the C++ standard-library symbols each
+   library exports;
+2. loads in fresh processes: edge_spec alone; numpy first; numpy, onnxruntime and other C++
+   extension modules (pyarrow, torch with its own CUDA runtime) first; llama-cpp-python's own;
+   each must decode with every layer offloaded;
+3. the batch deviation per batch size, offloaded and on the same build's CPU backend
+   (`edge-spec profile --deviation`);
+4. the real-model exactness tests (tests/test_engine_real.py) on the target and its self-draft;
+5. `edge-spec profile --full` with the self-draft: the GPU's t(n), bundled as a device profile;
+6. the quick bench, side by side in one run: the target alone (twice: the noise floor), the
+   default mode, n-gram, the self-draft at fixed k and under the cost policy, the head; on the
+   GPU, then again on the machine's CPU cores with the GPU hidden (a second device class).
+It writes `gpu_check.json` (the report so far, after every step) and `files.tar.gz` (every log,
+the profile, the bench results) into --out, so a call cut short still returns what it did.
 
-    python3 scripts/gpu_check.py pack                      # here (about a minute)
-    python3 scripts/gpu_check.py run --out "$OUT"           # there (about 8 minutes)
-    python3 scripts/gpu_check.py pack && python3 scripts/gpu_check.py run --dry --out /tmp/g
+    python3 scripts/gpu_check.py pack                                  # here (about a minute)
+    python3 scripts/gpu_check.py run --stage build --out "$OUT"        # call 1 (about 4 min)
+    python3 scripts/gpu_check.py run --stage check --out "$OUT" --budget 380  # call 2
+    python3 scripts/gpu_check.py run --dry --out /tmp/g                # both, on this CPU build
+
+`run --dry` skips the CUDA build, runs both stages on this machine's own build with short
+settings, and is what CI runs, so the script cannot rot between loans.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import importlib.util
 import json
@@ -47,14 +67,23 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / ".gpucheck"
+STATE_DIR = ROOT / ".gpucheck-state"  # call 1's build and model part, kept for call 2 (--state)
 SOURCE_NAME = "llama-cpp-python-src.tar.gz"
-MODEL_NAME = "tiny-target.gguf"
-WHEELS = ("gguf", "diskcache")  # pure Python; numpy, jinja2, psutil, tqdm... are on the image
-SOURCE_MODEL = "smollm2-135m-f16"  # ChatML template, 49k vocabulary, llama architecture
-TARGET_LAYERS = (0, 1, 2, 3)
-DRAFT_LAYERS = (0, 1)  # of the small target: shares its vocabulary, agrees often enough
-BUDGET_BYTES = 32 * 2**20  # the pack's share of the 64 MiB that travels (the repo is ~18)
+MODEL_NAME = "target.gguf"
+PARTS = ("a", "b")
+WHEELS = ("gguf", "diskcache")  # pure Python; numpy, jinja2, psutil, onnxruntime... are there
+SOURCE_MODEL = "smollm2-135m-f16"  # SmolLM2-135M-Instruct: ChatML template, 49k vocabulary
+MODEL_FTYPE = "Q4_0"  # pure: the token embedding (tied output) too
+TRAVEL_BYTES = 64 * 2**20  # what one device call carries, the tree included
+MARGIN_BYTES = 3 * 2**19  # files the tree may gain between the pack and the call
 TESTS = "tests/test_engine_real.py"
+# The self-draft: the target without blocks 4-7, the subset `edge_spec.device.self_draft` chose
+# for SmolLM2-135M's F16 on the 2-core CPU here (top-1 agreement 0.76, the best of 7 subsets).
+# Searching again on the lent machine would cost minutes of its time; the draft's cost there is
+# measured (profile, bench).
+SELF_DRAFT_LAYERS = (0, 1, 2, 3, *range(8, 30))
+# Extension modules a user's app may have loaded before edge_spec, where the machine has them.
+FIRST_IMPORTS = ("numpy", "onnxruntime", "pyarrow", "torch")
 
 # Inside vendor/llama.cpp: what a library build reads. Everything else (models 75 MB, docs
 # 38 MB, tools, tests, examples, benches, conversion scripts) stays behind.
@@ -69,7 +98,6 @@ LLAMA_KEEP = (
     "src/",
     "vendor/",
 )
-LLAMA_DROP: tuple[str, ...] = ()  # vendor/CMakeLists.txt adds every vendored folder
 GGML_BACKENDS_KEEP = ("ggml-cpu", "ggml-cuda", "ggml-rpc")
 # The llama-cpp-python top level: its build files and the Python package.
 TOP_KEEP = ("CMakeLists.txt", "pyproject.toml", "README.md", "LICENSE.md", "llama_cpp/")
@@ -99,7 +127,7 @@ def keep_member(name: str, top: str) -> bool:
     if not rel.startswith("vendor/llama.cpp/"):
         return rel.startswith(TOP_KEEP) or rel in ("vendor", "vendor/llama.cpp")
     inner = rel[len("vendor/llama.cpp/") :]
-    if not inner.startswith(LLAMA_KEEP) or inner.startswith(LLAMA_DROP):
+    if not inner.startswith(LLAMA_KEEP):
         return False
     if inner.startswith("ggml/src/ggml-") and "/" in inner[len("ggml/src/") :]:
         return inner.split("/")[2] in GGML_BACKENDS_KEEP  # a backend's folder
@@ -114,6 +142,23 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def tree_bytes() -> int:
+    """What travels besides the carried folders: tracked files and untracked ones git does
+    not ignore."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    paths = {p for p in listed.decode().split("\0") if p}
+    return sum((ROOT / p).stat().st_size for p in paths if (ROOT / p).is_file())
+
+
+def folder_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
 # --- pack: here -----------------------------------------------------------------------------
 
 
@@ -123,11 +168,13 @@ def pack(directory: Path) -> dict:
     py = bootstrap.venv_python()
     if not py.exists():
         raise SystemExit("no .venv: run python3 scripts/bootstrap.py first")
-    directory.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    part_dirs = {name: directory / name for name in PARTS}
+    for d in part_dirs.values():
+        d.mkdir(parents=True)
     # llama.cpp as released: scripts/patches/ change only x86 CPU kernels, and this is a CUDA check.
     sdist = bootstrap.ensure_sdist(version, py)
-
-    source = directory / SOURCE_NAME
+    source = part_dirs["a"] / SOURCE_NAME
     top = f"llama_cpp_python-{version}"
     log(f"trimming {sdist.name} -> {source}")
     n_files = 0
@@ -139,23 +186,7 @@ def pack(directory: Path) -> dict:
             dst.addfile(member, data)
             n_files += member.isfile()
 
-    model = directory / MODEL_NAME
-    code = (
-        "import sys, tempfile; from pathlib import Path\n"
-        "from edge_spec.models import resolve\n"
-        "from edge_spec.models.layer_subset import write_layer_subset\n"
-        "from edge_spec.backend.runtime import quantize\n"
-        "layers = [int(x) for x in sys.argv[2].split(',')]\n"
-        "with tempfile.TemporaryDirectory() as tmp:\n"
-        "    full = Path(tmp) / 'subset.gguf'\n"
-        "    write_layer_subset(resolve(sys.argv[1], progress=False), full, layers)\n"
-        "    quantize(full, Path(sys.argv[3]), 'Q4_0', pure=True)\n"
-    )
-    layers = ",".join(map(str, TARGET_LAYERS))
-    subprocess.run([str(py), "-c", code, SOURCE_MODEL, layers, str(model)], check=True, cwd=ROOT)
-
-    wheels = directory / "wheels"
-    shutil.rmtree(wheels, ignore_errors=True)
+    wheels = part_dirs["b"] / "wheels"
     for name in WHEELS:
         version_code = f"import importlib.metadata as m; print(m.version({name!r}))"
         pinned = subprocess.run(
@@ -164,29 +195,83 @@ def pack(directory: Path) -> dict:
         cmd = [str(py), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
         subprocess.run(cmd + ["-d", str(wheels), f"{name}=={pinned}"], check=True)
 
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "pack.json")
-    total = sum(p.stat().st_size for p in files)
+    room = TRAVEL_BYTES - MARGIN_BYTES - tree_bytes() - 4096  # each half's, pack.json aside
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / MODEL_NAME
+        code = (
+            "import sys; from pathlib import Path\n"
+            "from edge_spec.models import resolve\n"
+            "from edge_spec.models.heads import find_head\n"
+            "from edge_spec.backend.runtime import quantize\n"
+            "quantize(resolve(sys.argv[1], progress=False), Path(sys.argv[2]), sys.argv[3], "
+            "pure=True)\n"
+            "print(find_head(Path(sys.argv[2])) or '')\n"
+        )
+        head = subprocess.run(
+            [str(py), "-c", code, SOURCE_MODEL, str(model), MODEL_FTYPE],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        digest, size = sha256(model), model.stat().st_size
+        packed = Path(tmp) / f"{MODEL_NAME}.gz"  # Q4_0 blocks still shrink by ~8 %
+        with open(model, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        first = room - folder_bytes(part_dirs["a"])
+        rest = packed.stat().st_size - first
+        if first <= 0 or rest > room - folder_bytes(part_dirs["b"]):
+            raise SystemExit(
+                f"the model ({packed.stat().st_size / 2**20:.1f} MiB compressed) does not fit "
+                f"two calls beside a tree of {tree_bytes() / 2**20:.1f} MiB"
+            )
+        with open(packed, "rb") as f:
+            (part_dirs["a"] / f"{MODEL_NAME}.gz.part0").write_bytes(f.read(first))
+            (part_dirs["b"] / f"{MODEL_NAME}.gz.part1").write_bytes(f.read())
+        if head:  # the head trained for this exact file, where the second call has room
+            archive = part_dirs["b"] / "head.tar.gz"
+            with tarfile.open(archive, "w:gz") as tar:  # the graph and its description
+                for name in ("head.onnx", "head.json"):
+                    tar.add(Path(head) / name, arcname=f"head/{name}")
+            if folder_bytes(part_dirs["b"]) > room:
+                archive.unlink()
+                log(f"no room for the draft head ({head}): the check skips the head strategy")
+                head = ""
+        else:
+            log(
+                "no draft head trained for this model here (`edge-spec head train -m "
+                "<the packed model>`, keyed by its sha256): the check skips the head strategy"
+            )
+
     record = {
         "llama_cpp_python": version,
         "sdist": sdist.name,
         "source_files": n_files,
         "model": {
+            "name": MODEL_NAME,
             "from": SOURCE_MODEL,
-            "layers": list(TARGET_LAYERS),
-            "ftype": "Q4_0 (pure)",
-            "sha256": sha256(model),
+            "ftype": f"{MODEL_FTYPE} (pure)",
+            "size_bytes": size,
+            "sha256": digest,
+            "parts": "gzip, split in two",
         },
-        "files": {str(p.relative_to(directory)): p.stat().st_size for p in files},
-        "total_bytes": total,
+        "head": bool(head),
+        "tree_bytes": tree_bytes(),
+        "files": {
+            str(p.relative_to(directory)): p.stat().st_size
+            for p in sorted(directory.rglob("*"))
+            if p.is_file()
+        },
     }
-    (directory / "pack.json").write_text(json.dumps(record, indent=2) + "\n")
-    log(f"{directory}: {total / 2**20:.1f} MiB in {len(files)} files")
-    if total > BUDGET_BYTES:
-        raise SystemExit(f"the pack is {total / 2**20:.1f} MiB, over its {BUDGET_BYTES >> 20} MiB")
+    for d in part_dirs.values():
+        (d / "pack.json").write_text(json.dumps(record, indent=2) + "\n")
+    for d in part_dirs.values():
+        total = folder_bytes(d) + record["tree_bytes"]
+        log(f"{d}: {folder_bytes(d) / 2**20:.1f} MiB (with the tree {total / 2**20:.1f} MiB)")
     return record
 
 
-# --- run: there ---------------------------------------------------------------------------
+# --- run: there -----------------------------------------------------------------------------
 
 
 def gpu_name() -> str | None:
@@ -215,13 +300,84 @@ def cuda_arch() -> str:
     return "native"
 
 
-def build(directory: Path, site: Path, work: Path, out: Path, fa: bool, extra: list[str]) -> dict:
+class Report:
+    """The run's report and files: `gpu_check.json` and `files.tar.gz` in `out`, rewritten after
+    every step so that a run cut off by the machine's time limit returns the steps before."""
+
+    def __init__(self, out: Path, logs: Path, data: dict) -> None:
+        self.out, self.logs, self.data = out, logs, data
+        out.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def save(self) -> None:
+        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=2) + "\n")
+        (self.logs / "gpu_check.json").write_text(json.dumps(self.data, indent=2) + "\n")
+        tmp = self.out / "files.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(self.logs, arcname="files")
+        tmp.replace(self.out / "files.tar.gz")
+
+
+class Clock:
+    """Each step's timeout: its cap, or what the run's --budget has left if that is less."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.deadline = time.monotonic() + budget_s if budget_s else None
+
+    def left(self, cap_s: float) -> float:
+        if self.deadline is None:
+            return cap_s
+        return max(5.0, min(cap_s, self.deadline - time.monotonic() - 5))
+
+    def out_of_time(self, need_s: float = 20) -> bool:
+        return self.deadline is not None and self.deadline - time.monotonic() < need_s
+
+
+def child(
+    env: dict, logs: Path, name: str, cmd: list[str], timeout_s: float
+) -> tuple[int, str, str]:
+    """Runs one step with its output in logs/<name>.log; (returncode, stdout, all output)."""
+    log(f"{name} ({timeout_s:.0f} s at most): " + " ".join(cmd)[:300])
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        )
+        rc, stdout, text = done.returncode, done.stdout, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        rc, text = 124, f"{stdout}\n{stderr}\ntimed out after {timeout_s:.0f} s"
+    (logs / f"{name}.log").write_text(text + f"\n[{time.monotonic() - start:.1f} s, rc {rc}]\n")
+    return rc, stdout, text
+
+
+def stage_build(
+    part: Path, state: Path, report: Report, dry: bool, fa: bool, extra: list[str]
+) -> None:
+    """Call 1: the model's first part into the state folder; the CUDA build there too."""
+    if not (part / SOURCE_NAME).is_file():
+        raise SystemExit(f"{part} holds no pack's first half: run `gpu_check.py pack` here")
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True)
+    shutil.copy(part / f"{MODEL_NAME}.gz.part0", state / f"{MODEL_NAME}.gz.part0")
+    shutil.copy(part / "pack.json", state / "pack.json")
+    if dry:
+        report.data["build"] = {"dry": True}
+    else:
+        report.data["build"] = build(part, state / "site", report.logs, fa, extra)
+    (state / "build.json").write_text(json.dumps(report.data["build"], indent=2) + "\n")
+    report.save()
+
+
+def build(part: Path, site: Path, logs: Path, fa: bool, extra: list[str]) -> dict:
     """llama-cpp-python with CUDA from the trimmed source, installed into `site`."""
     bootstrap = load_script("bootstrap")
     nvcc = bootstrap.find_nvcc()
     if nvcc is None:
         raise SystemExit("no nvcc: the GPU check needs CUDA's compiler (or use --dry)")
-    with tarfile.open(directory / SOURCE_NAME) as tar:
+    work = Path(tempfile.mkdtemp(prefix="edge_spec_gpu_build_"))
+    with tarfile.open(part / SOURCE_NAME) as tar:
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(work, **kwargs)
     source = next(work.glob("llama_cpp_python-*"))
@@ -244,275 +400,274 @@ def build(directory: Path, site: Path, work: Path, out: Path, fa: bool, extra: l
         CUDACXX=nvcc,
         CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 4),
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-build-isolation",
-        "--no-deps",
-        "--no-index",
-        "--no-cache-dir",
-        "--target",
-        str(site),
-        str(source),
-    ]
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps"]
+    cmd += ["--no-index", "--no-cache-dir", "--target", str(site), str(source)]
     log("$ CMAKE_ARGS='" + env["CMAKE_ARGS"] + "' " + " ".join(cmd))
     start = time.monotonic()
-    with open(out / "build.log", "w") as f:
+    with open(logs / "build.log", "w") as f:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     build_s = time.monotonic() - start
+    shutil.rmtree(work, ignore_errors=True)
     if rc != 0:
-        tail = (out / "build.log").read_text(errors="replace")[-3000:]
+        tail = (logs / "build.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"the CUDA build failed (rc {rc}) after {build_s:.0f} s:\n{tail}")
-    return {
-        "cmake_args": args,
-        "build_s": round(build_s, 1),
-        "nvcc": nvcc,
-        "exported_std_symbols": exported_std_symbols(site / "llama_cpp" / "lib"),
-    }
+    return {"cmake_args": args, "build_s": round(build_s, 1), "nvcc": nvcc}
 
 
-def exported_std_symbols(lib_dir: Path) -> dict:
-    """Per built library, how many C++ standard-library symbols it exports (`nm -D`): a library
-    that exports its own copies can capture another's calls into them (the first CUDA run's
-    crash was in libllama's std::regex with its frame inside libggml-cuda)."""
-    nm = shutil.which("nm")
-    counts: dict = {}
-    for lib in sorted(lib_dir.glob("lib*.so*")) if nm else []:
-        out = subprocess.run(
-            [nm, "-D", "--defined-only", "-C", str(lib)], capture_output=True, text=True
-        ).stdout
-        counts[lib.name] = sum(" std::" in line for line in out.splitlines())
-    return counts
-
-
-def install_wheels(directory: Path, site: Path) -> None:
-    wheels = sorted((directory / "wheels").glob("*.whl"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "-q",
-        "--no-index",
-        "--no-deps",
-        "--no-compile",
-        "--no-cache-dir",
-        "--upgrade",
-        "--target",
-        str(site),
-    ]
+def install_wheels(part: Path, site: Path) -> None:
+    wheels = sorted((part / "wheels").glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    cmd += ["--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site)]
     subprocess.run(cmd + [str(w) for w in wheels], check=True)
 
 
-def child(
-    env: dict, out: Path, name: str, cmd: list[str], timeout_s: float
-) -> tuple[int, str, str]:
-    """Runs one step with its output in out/<name>.log; (returncode, stdout, all output)."""
-    log(f"{name}: " + " ".join(cmd))
-    try:
-        done = subprocess.run(
-            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+def join_model(part: Path, state: Path, dst: Path) -> dict:
+    """The model from call 1's part (in the state folder) and this call's, decompressed; its
+    sha256 checked against the pack's record."""
+    record = json.loads((part / "pack.json").read_text())
+    first = state / f"{MODEL_NAME}.gz.part0"
+    if not first.is_file():
+        raise SystemExit(
+            f"{first} is missing: call 1 (`run --stage build`) did not run on this machine "
+            "(was it given back between the calls?); run both calls again"
         )
-        rc, stdout, text = done.returncode, done.stdout, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        rc, text = 124, f"{stdout}\ntimed out after {timeout_s} s"
-    (out / f"{name}.log").write_text(text)
-    return rc, stdout, text
+    packed = dst.with_name(dst.name + ".gz")
+    with open(packed, "wb") as out:
+        for piece in (first, part / f"{MODEL_NAME}.gz.part1"):
+            with open(piece, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+    with gzip.open(packed, "rb") as src, open(dst, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    packed.unlink()
+    if sha256(dst) != record["model"]["sha256"]:
+        raise SystemExit("the joined model's sha256 differs from the pack's: pack both again")
+    return record
 
 
-def run(
-    directory: Path,
-    out: Path,
-    dry: bool,
-    fa: bool = False,
-    tests_timeout_s: float = 300,
-    cmake_extra: tuple[str, ...] = (),
-    budget_s: float | None = None,
-    gdb: bool = False,
-) -> int:
-    out.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + budget_s if budget_s else None
+# One load and a short decode in a fresh process, several ways; each reports how many layers
+# llama.cpp put on the GPU (its load log) and which modules were loaded before.
+PROBE = """
+import importlib, json, logging, sys
+first = [name for name in sys.argv[2].split(",") if name]
+loaded = []
+for name in first:
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        continue
+    loaded.append(name)
+    if name == "torch" and module.cuda.is_available():
+        module.zeros(1).cuda()  # torch's own CUDA runtime and context, up first
+lines = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+if sys.argv[3] == "edge_spec":
+    logger = logging.getLogger("edge_spec.llama_cpp")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(Keep())
+    from edge_spec.backend import LlamaModel
+    with LlamaModel(sys.argv[1], n_ctx=256) as model:
+        shape = list(model.decode(model.tokenize("Hello, world"), [0, 1]).shape)
+        text = model.tokenize("Hello")
+else:
+    import llama_cpp
+    model = llama_cpp.Llama(sys.argv[1], n_gpu_layers=-1, n_ctx=256, verbose=True)
+    text = model.create_completion("Hello", max_tokens=4)["choices"][0]["text"]
+    shape = None
+offloaded = [line for line in lines if "offloaded" in line and "layers to GPU" in line]
+print(json.dumps({"first": loaded, "decode_shape": shape, "offloaded": offloaded}))
+"""
+LOADS = {  # name: (modules imported first, loader)
+    "edge_spec_alone": ((), "edge_spec"),
+    "numpy_then_edge_spec": (("numpy",), "edge_spec"),
+    "extensions_then_edge_spec": (FIRST_IMPORTS, "edge_spec"),
+    "llama_cpp_python_alone": ((), "llama_cpp"),
+}
 
-    def left(cap_s: float) -> float:
-        """A step's timeout: its cap, or what the whole run has left if that is less."""
-        if deadline is None:
-            return cap_s
-        return max(10.0, min(cap_s, deadline - time.monotonic() - 5))
 
-    if not (directory / SOURCE_NAME).is_file() or not (directory / MODEL_NAME).is_file():
-        raise SystemExit(f"{directory} holds no pack: run `python3 scripts/gpu_check.py pack`")
+def probe_loads(env: dict, logs: Path, python: str, target: Path, clock: Clock) -> dict:
+    results = {}
+    for name, (first, loader) in LOADS.items():
+        cmd = [python, "-X", "faulthandler", "-c", PROBE, str(target), ",".join(first), loader]
+        rc, stdout, text = child(env, logs, f"load_{name}", cmd, clock.left(90))
+        result: dict = {"returncode": rc}
+        try:
+            result.update(json.loads(stdout.strip().splitlines()[-1]))
+        except (IndexError, json.JSONDecodeError):
+            result["tail"] = text.strip().splitlines()[-3:]
+        if loader == "llama_cpp":  # its own verbose load log goes to stderr
+            result["offloaded"] = [ln for ln in text.splitlines() if "layers to GPU" in ln]
+        results[name] = result
+    return results
+
+
+def cli(python: str, *args: str) -> list[str]:
+    return [python, "-c", "import sys; from edge_spec.cli import main; sys.exit(main())", *args]
+
+
+def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock) -> bool:
+    """Call 2: join the model, then every step in order inside the budget."""
+    logs = report.logs
     work = Path(tempfile.mkdtemp(prefix="edge_spec_gpu_"))
-    site = work / "site"
-    report: dict = {
-        "mode": "dry" if dry else "cuda",
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "gpu": gpu_name(),
-        "pack": json.loads((directory / "pack.json").read_text()),
-    }
-    env = dict(os.environ, PYTHONUNBUFFERED="1", EDGE_SPEC_CACHE=str(work / "cache"))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        EDGE_SPEC_CACHE=str(work / "cache"),
+        EDGE_SPEC_HEADS=str(work / "heads"),
+        EDGE_SPEC_LEARNED_DIR=str(work / "learned"),  # every bench starts from the priors
+    )
     python = sys.executable
     if dry:
         python = str(load_script("bootstrap").venv_python())
         env["PYTHONPATH"] = str(ROOT)
     else:
-        report["build"] = build(directory, site, work, out, fa, list(cmake_extra))
-        save(report, out)
-        install_wheels(directory, site)
+        site = state / "site"
+        if not (site / "llama_cpp").is_dir():
+            raise SystemExit(f"no CUDA build in {site}: run call 1 (`run --stage build`) first")
+        install_wheels(part, site)
         env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    build_record = state / "build.json"
+    report.data["build"] = json.loads(build_record.read_text()) if build_record.is_file() else {}
+    target = work / MODEL_NAME
+    report.data["pack"] = join_model(part, state, target)
+    has_head = (part / "head.tar.gz").is_file()
+    if has_head:
+        sha = report.data["pack"]["model"]["sha256"]
+        with tarfile.open(part / "head.tar.gz") as tar:
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(work / "heads", **kwargs)
+        (work / "heads" / "head").rename(work / "heads" / sha[:24])
+    report.save()
 
-    target = directory / MODEL_NAME
-    draft = work / "tiny-draft.gguf"
-    derive = (
-        "import sys, json, llama_cpp; from pathlib import Path\n"
-        "from edge_spec.models.layer_subset import write_layer_subset\n"
-        "write_layer_subset(Path(sys.argv[1]), Path(sys.argv[2]), "
-        "[int(x) for x in sys.argv[3].split(',')])\n"
+    draft = str(work / "self-draft.gguf")
+    facts = (
+        "import json, sys, llama_cpp; from pathlib import Path\n"
         "from edge_spec.backend.runtime import exported_std_symbols, llama_library_paths\n"
-        "print(json.dumps({'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
+        "from edge_spec.models.layer_subset import write_layer_subset\n"
+        "layers = [int(x) for x in sys.argv[3].split(',')]\n"
+        "write_layer_subset(Path(sys.argv[1]), Path(sys.argv[2]), layers)\n"
+        "print(json.dumps({'draft_layers': layers,\n"
+        "  'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
         "  'system_info': llama_cpp.llama_print_system_info().decode(),\n"
         "  'std_exports': {p.name: exported_std_symbols(p) for p in llama_library_paths()\n"
         "                  if not p.is_symlink()}}))\n"
     )
+    layers = ",".join(map(str, SELF_DRAFT_LAYERS))
     rc, stdout, text = child(
-        env,
-        out,
-        "derive",
-        [python, "-c", derive, str(target), str(draft), ",".join(map(str, DRAFT_LAYERS))],
-        300,
+        env, logs, "facts", [python, "-c", facts, str(target), draft, layers], 60
     )
     if rc != 0:
-        raise SystemExit(f"deriving the draft failed:\n{text[-2000:]}")
-    report.update(json.loads(stdout.strip().splitlines()[-1]))
-    save(report, out)
-    if not dry and not report["gpu_offload"]:
-        raise SystemExit("the CUDA build cannot offload: " + report["system_info"])
+        report.data["facts"] = {"returncode": rc, "tail": text[-2000:]}
+        report.save()
+        raise SystemExit(f"the self-draft or the build's facts failed:\n{text[-2000:]}")
+    report.data.update(json.loads(stdout.strip().splitlines()[-1]))
+    report.save()
+    if not dry and not report.data["gpu_offload"]:
+        raise SystemExit("the CUDA build cannot offload: " + report.data["system_info"])
 
-    report["loads"] = probe_loads(env, out, python, target, gdb)
-    save(report, out)
+    report.data["loads"] = probe_loads(env, logs, python, target, clock)
+    report.save()
 
     # How much the logits depend on the batch shape, offloaded and on this build's CPU backend:
-    # the floor under greedy exactness that the tests below assume.
-    report["batch_invariance"] = {}
-    for name, layers in (("offloaded", -1), ("cpu", 0)):
-        numerics = out / f"batch_invariance_{name}.json"
-        cmd = [python, str(ROOT / "scripts" / "check_batch_invariance.py"), "-m", str(target)]
-        cmd += ["--gpu-layers", str(layers), "--out", str(numerics)]
-        rc, _, text = child(env, out, f"batch_invariance_{name}", cmd, left(90))
-        report["batch_invariance"][name] = (
-            json.loads(numerics.read_text()) if rc == 0 else {"returncode": rc, "tail": text[-500:]}
+    # the floor under greedy exactness that the tests below assume (what `edge-spec profile
+    # --deviation` prints, without the profile).
+    deviation = (
+        "import json, sys; from edge_spec.backend import LlamaModel\n"
+        "from edge_spec.device import numerics\n"
+        "layers = int(sys.argv[2])\n"
+        "with LlamaModel(sys.argv[1], n_ctx=256, n_gpu_layers=layers) as model:\n"
+        "    print(json.dumps(numerics.measure(model, layers).to_dict()))\n"
+    )
+    report.data["deviation"] = {}
+    for name, layers in (("offloaded", -1), ("cpu", 0))[: 1 if dry else 2]:
+        cmd = [python, "-c", deviation, str(target), str(layers)]
+        rc, stdout, text = child(env, logs, f"deviation_{name}", cmd, clock.left(60))
+        report.data["deviation"][name] = (
+            json.loads(stdout.strip().splitlines()[-1])
+            if rc == 0
+            else {"returncode": rc, "tail": text[-500:]}
         )
-    save(report, out)
+        report.save()
 
-    profile_cmd = [
-        python,
-        "-c",
-        "import sys; from edge_spec.cli import main; sys.exit(main())",
-        "profile",
-        "-m",
-        str(target),
-        "-md",
-        str(draft),
-        "--quick" if dry else "--full",
-        "--refresh",
-        "--json",
-    ]
-    rc, stdout, text = child(env, out, "profile", profile_cmd, left(150))
+    tests = ["-k", "greedy_speculative_equals_target_alone and ngram"] if dry else []
+    test_env = dict(env, EDGE_SPEC_TEST_TARGET=str(target), EDGE_SPEC_TEST_DRAFT=draft)
+    junit = logs / "tests.xml"
+    # llama.cpp's libraries before numpy, as edge_spec's own import does.
+    pytest_main = "import sys, llama_cpp, pytest; sys.exit(pytest.main(sys.argv[1:]))"
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-s", f"--junitxml={junit}", *tests, TESTS]
+    rc, _, text = child(
+        test_env, logs, "tests", [python, "-c", pytest_main, *pytest_args], clock.left(200)
+    )
+    report.data["tests"] = {"returncode": rc, **junit_counts(junit)}
+    report.data["tests"]["exactness"] = exactness_reports(text)
+    report.save()
+
+    profile_args = ["-m", str(target), "-md", draft, "--refresh", "--json"]
+    profile_args.append("--quick" if dry else "--full")
+    rc, stdout, text = child(
+        env, logs, "profile", cli(python, "profile", *profile_args), clock.left(120)
+    )
     if rc == 0:
         measured = json.loads(stdout)
-        shutil.copy(measured["path"], out / "profile.json")
-        report["profile"] = {
+        shutil.copy(measured["path"], logs / "profile.json")
+        report.data["profile"] = {
             "returncode": 0,
             "cost_curve": measured["cost_curve"],
             "host": measured["profile"].get("host"),
         }
     else:
-        report["profile"] = {"returncode": rc, "error": text[-2000:]}
+        report.data["profile"] = {"returncode": rc, "error": text[-2000:]}
+    report.save()
 
-    save(report, out)
+    # The quick bench in its chat form (an instruct model), T = 0, on the GPU and then on this
+    # machine's CPU cores with the GPU hidden: fewer entries there, where a pass costs more.
+    report.data["bench"] = {}
+    entries = {
+        "gpu": ["auto", "ngram", "model", "model-k1", "model-k2", "model-k4", "model-k6"],
+        "cpu": ["auto", "ngram", "model", "model-k2"],
+    }
+    bench_args = ["-m", str(target), "-md", draft, "--chat", "--quick", "--temperatures", "0"]
+    bench_args += ["--no-progress", "--no-plots"]
+    if dry:  # the steps, not the figures: one category, a few tokens, this CPU once
+        entries = {"gpu": ["auto", "model-k2"]}
+        bench_args += ["--categories", "summarization", "--max-tokens", "12"]
+    for device, strategies in entries.items():
+        if clock.out_of_time(30):
+            report.data["bench"][device] = {"skipped": "out of time"}
+            break
+        strategies = strategies + ["head"] if has_head else strategies
+        bench_env = dict(env) if device == "gpu" else dict(env, CUDA_VISIBLE_DEVICES="")
+        cmd = cli(python, "bench", *bench_args, "--out", str(logs / f"bench_{device}"))
+        rc, _, text = child(
+            bench_env, logs, f"bench_{device}", cmd + ["--strategies", *strategies], clock.left(150)
+        )
+        report.data["bench"][device] = bench_summary(logs / f"bench_{device}", rc, text)
+        report.save()
 
-    test_env = dict(env, EDGE_SPEC_TEST_TARGET=str(target), EDGE_SPEC_TEST_DRAFT=str(draft))
-    junit = out / "tests.xml"
-    rc, stdout, text = child(
-        test_env,
-        out,
-        "tests",
-        [
-            python,
-            "-c",
-            # llama.cpp's libraries before numpy, as edge_spec's own import does: the test
-            # module imports numpy first (see LOADS below)
-            "import sys, llama_cpp, pytest; sys.exit(pytest.main(sys.argv[1:]))",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-s",
-            f"--junitxml={junit}",
-            TESTS,
-        ],
-        left(tests_timeout_s),
-    )
-    report["tests"] = {"returncode": rc, **junit_counts(junit)}
-    report["tests"]["exactness"] = exactness_reports(text)
-    save(report, out)
-    ok = report["tests"]["returncode"] == 0 and report["profile"]["returncode"] == 0
-    print(summary(report))
+    print(summary(report.data))
     shutil.rmtree(work, ignore_errors=True)
-    return 0 if ok else 1
+    return report.data["tests"]["returncode"] == 0 and report.data["profile"]["returncode"] == 0
 
 
-# One model load and a short decode, several ways: where the tests crash, which way does not.
-LOADS = {
-    # edge_spec's import loads llama.cpp's libraries before numpy (edge_spec/__init__.py): the
-    # first CUDA runs here (H200, CUDA 13.0) crashed in the vocabulary's std::regex inside
-    # libllama, with the crashing frame in libggml-cuda, whenever numpy was loaded first, while
-    # llama-cpp-python's own Llama() (which loads the libraries first) loaded and generated.
-    "edge_spec_all_layers": (
-        "from edge_spec.backend import LlamaModel; m = LlamaModel(sys.argv[1], n_ctx=256); "
-        "print(m.decode([1, 2, 3], [2]).shape)"
-    ),
-    # The order a user's script may have: numpy first, then edge_spec.
-    "numpy_then_edge_spec": (
-        "import numpy; from edge_spec.backend import LlamaModel; "
-        "m = LlamaModel(sys.argv[1], n_ctx=256); print(m.decode([1, 2, 3], [2]).shape)"
-    ),
-    "llama_cpp_python_all_layers": (
-        "import llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_gpu_layers=-1, n_ctx=256, "
-        "verbose=False); print(m.create_completion('Hello', max_tokens=4)['choices'][0]['text'])"
-    ),
-}
-
-
-def probe_loads(env: dict, out: Path, python: str, target: Path, gdb: bool) -> dict:
-    """Each way of loading in its own process; with gdb, the first that crashes is rerun under
-    cuda-gdb (where the machine has it) for a native backtrace in out/<way>.gdb.log."""
-    results = {}
-    for name, code in LOADS.items():
-        cmd = [python, "-X", "faulthandler", "-c", "import sys; " + code, str(target)]
-        rc, _, text = child(env, out, f"load_{name}", cmd, 120)
-        results[name] = {"returncode": rc, "tail": text.strip().splitlines()[-3:]}
-    crashed = [n for n, r in results.items() if r["returncode"] < 0]
-    debugger = shutil.which("cuda-gdb") or shutil.which("gdb")
-    if crashed and gdb and debugger:
-        code = "import sys; " + LOADS[crashed[0]]
-        cmd = [
-            debugger,
-            "-batch",
-            "-ex",
-            "run",
-            "-ex",
-            "bt 40",
-            "--args",
-            python,
-            "-c",
-            code,
-            str(target),
-        ]
-        child(env, out, f"load_{crashed[0]}.gdb", cmd, 90)
-    return results
+def bench_summary(directory: Path, rc: int, text: str) -> dict:
+    """Per strategy (at T = 0): tokens/s over every prompt, the geometric mean of its
+    per-prompt speedups against the target alone and the run's noise floor, from the bench's
+    results.json (the whole of it is in files.tar.gz)."""
+    results = directory / "results.json"
+    if rc != 0 or not results.is_file():
+        return {"returncode": rc, "tail": text[-1500:]}
+    data = json.loads(results.read_text())
+    rows: dict = {}
+    for s in data["summaries"]:
+        if s["category"] == "all":
+            rows[s["strategy"]] = {"tokens_per_s": round(s["tokens_per_s"], 1)}
+    for r in data["prompt_ratios"]:
+        rows.setdefault(r["strategy"], {}).update(
+            geometric_mean=round(r["geometric_mean"], 3),
+            floor_low=round(r["floor_low"], 3) if r.get("floor_low") else None,
+        )
+    return {"returncode": rc, "strategies": rows}
 
 
 def exactness_reports(text: str) -> list[dict]:
@@ -525,11 +680,6 @@ def exactness_reports(text: str) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return reports
-
-
-def save(report: dict, out: Path) -> None:
-    """The report so far: a step cut off by the machine's time limit leaves the earlier ones."""
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 def junit_counts(path: Path) -> dict:
@@ -545,60 +695,93 @@ def junit_counts(path: Path) -> dict:
     return counts
 
 
-def summary(report: dict) -> str:
-    tests = report["tests"]
+def summary(data: dict) -> str:
+    tests = data.get("tests", {})
     lines = [
-        f"mode {report['mode']}; GPU {report['gpu'] or 'none'}; offload {report['gpu_offload']}",
-        f"build {report.get('build', {}).get('build_s', '-')} s",
-        f"C++ standard-library symbols exported: {report.get('std_exports')}",
+        f"mode {data['mode']}; GPU {data['gpu'] or 'none'}; offload {data.get('gpu_offload')}",
+        f"build {data.get('build', {}).get('build_s', '-')} s; "
+        f"self-draft layers {data.get('draft_layers')}",
+        f"C++ standard-library symbols exported: {data.get('std_exports')}",
+        "loads: "
+        + ", ".join(
+            f"{name} rc {r['returncode']} {r.get('offloaded', [''])[-1:]}"
+            for name, r in data.get("loads", {}).items()
+        ),
+        "worst batch deviation (logit gap): "
+        + ", ".join(
+            f"{name} {d.get('worst_gap_change')}" for name, d in data.get("deviation", {}).items()
+        ),
         f"tests: {tests.get('tests')} run, {tests.get('failures')} failed, "
-        f"{tests.get('errors')} errors, {tests.get('skipped')} skipped (rc {tests['returncode']})",
+        f"{tests.get('errors')} errors, {tests.get('skipped')} skipped "
+        f"(rc {tests.get('returncode')})",
     ]
     for item in tests.get("exactness", []):
         lines.append(
             f"  greedy {item['mode']}: {item['diverged']} of {item['prompts']} diverged, "
             f"drafted {item['drafted']}, accepted {item['accepted']}"
         )
-    curve = report["profile"].get("cost_curve")
-    if curve:
-        lines.append("profile: " + json.dumps(curve))
-    else:
-        lines.append("profile failed: " + report["profile"].get("error", "")[-300:])
+    curve = data.get("profile", {}).get("cost_curve")
+    lines.append("profile: " + (json.dumps(curve) if curve else "failed"))
+    for device, result in data.get("bench", {}).items():
+        lines.append(f"bench {device}: {json.dumps(result.get('strategies', result))[:800]}")
     return "\n".join(lines)
+
+
+def run(opts: argparse.Namespace) -> int:
+    out, clock = opts.out, Clock(opts.budget)
+    logs = Path(tempfile.mkdtemp(prefix="edge_spec_gpu_logs_"))
+    report = Report(
+        out,
+        logs,
+        {
+            "mode": "dry" if opts.dry else "cuda",
+            "stage": opts.stage,
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "gpu": gpu_name(),
+            "cpu_count": os.cpu_count(),
+        },
+    )
+    ok = True
+    try:
+        if opts.stage in ("build", "all"):
+            stage_build(opts.dir / "a", opts.state, report, opts.dry, opts.fa, list(opts.cmake_arg))
+        if opts.stage in ("check", "all"):
+            ok = stage_check(opts.dir / "b", opts.state, report, opts.dry, clock)
+    finally:
+        report.save()
+        shutil.rmtree(logs, ignore_errors=True)
+    return 0 if ok else 1
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("pack", help="trimmed sources, the small model, wheels (here)")
+    p = sub.add_parser("pack", help="trimmed sources, the model in two parts, wheels (here)")
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR)
-    r = sub.add_parser("run", help="build with CUDA, test, profile (on the GPU machine)")
+    r = sub.add_parser("run", help="build with CUDA, test, profile, bench (on the GPU machine)")
     r.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
+    r.add_argument(
+        "--stage",
+        choices=("build", "check", "all"),
+        default="all",
+        help="build: call 1 (carry .gpucheck/a); check: call 2 (carry .gpucheck/b); all: both",
+    )
+    r.add_argument(
+        "--state", type=Path, default=STATE_DIR, help="where call 1 leaves what call 2 reads"
+    )
     r.add_argument("--dry", action="store_true", help="no CUDA build: this machine's own build")
     r.add_argument("--fa", action="store_true", help="also build FlashAttention kernels")
-    r.add_argument("--tests-timeout", type=float, default=300, help="seconds (default 300)")
     r.add_argument("--cmake-arg", action="append", default=[], help="one more CMake flag")
     r.add_argument(
-        "--budget", type=float, help="seconds for the whole run: later steps get what is left"
+        "--budget", type=float, help="seconds for the check stage: later steps get what is left"
     )
-    r.add_argument("--gdb", action="store_true", help="rerun the first crashing load under gdb")
     opts = ap.parse_args()
     if opts.command == "pack":
         pack(opts.dir)
         return
-    sys.exit(
-        run(
-            opts.dir,
-            opts.out,
-            opts.dry,
-            opts.fa,
-            opts.tests_timeout,
-            tuple(opts.cmake_arg),
-            opts.budget,
-            opts.gdb,
-        )
-    )
+    sys.exit(run(opts))
 
 
 if __name__ == "__main__":

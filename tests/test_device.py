@@ -16,11 +16,12 @@ import os
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edge_spec import backend, files
 from edge_spec.cli import profile as profile_command
-from edge_spec.device import probes
+from edge_spec.device import numerics, probes
 from edge_spec.device import profile as device
 from edge_spec.device.profile import DeviceProfile, HostInfo, ModelCost
 from edge_spec.errors import EdgeSpecError, ModelFileError
@@ -497,3 +498,64 @@ def test_quick_profile_of_the_smollm2_pair(monkeypatch: pytest.MonkeyPatch, tmp_
     curve = profile.cost_curve()
     assert 0 < curve.c < 1 and curve.ngram_s > 0
     assert device.load_or_profile(target, draft) == profile  # now from the cache
+
+
+# ---- batch deviation -------------------------------------------------------------------------
+
+
+def test_deviation_measures_what_can_flip_a_choice() -> None:
+    from edge_spec.device.numerics import deviation
+
+    alone = np.array([[1.0, 0.9, -2.0], [0.0, 3.0, 1.0]], dtype=np.float32)
+    batched = alone.copy()
+    batched[0] += 0.5  # every logit of a row moved alike: no choice can flip
+    assert deviation(alone, batched, 2) == numerics.BatchDeviation(2, 2, 0.5, 0.0, 0)
+    batched[0, 1] += 0.2  # the runner-up gains 0.2 on the leader: the leader's 0.1 is gone
+    moved = deviation(alone, batched, 2)
+    assert moved.max_gap_change == pytest.approx(0.2) and moved.argmax_moved == 1
+    assert moved.max_logit_change == pytest.approx(0.7)
+
+
+@pytest.mark.models
+def test_batch_deviation_of_a_real_model(target_path: Path) -> None:
+    """Every compared position of the text, each batch size against the same one-token rows;
+    one-token passes repeat bit for bit."""
+    with backend.LlamaModel(target_path, n_ctx=256, n_threads=2) as model:
+        result = numerics.measure(model, -1, batch_sizes=(2, 16))
+        assert model.tokens == []  # left empty for whoever uses the model next
+    assert result.alone_repeatable and [b.n for b in result.batches] == [2, 16]
+    assert all(b.rows > 30 and 0 <= b.argmax_moved <= b.rows for b in result.batches)
+    assert result.worst_gap_change == max(b.max_gap_change for b in result.batches)
+    assert result.to_dict()["batches"][1]["n"] == 16
+
+
+def test_profile_deviation_command(
+    pair: tuple[Path, Path], cache: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`edge-spec profile --deviation` adds the target's batch deviation to the profile: the
+    table and the JSON say the same; with --rpc it refuses before loading anything."""
+    monkeypatch.setattr(device, "measure_profile", FakeMeasure(allowed=1))
+    measured = numerics.Numerics(
+        "target.gguf",
+        -1,
+        True,
+        True,
+        (
+            numerics.BatchDeviation(2, 47, 0.0, 0.0, 0),
+            numerics.BatchDeviation(16, 47, 0.5, 0.75, 2),
+        ),
+    )
+    seen = []
+    monkeypatch.setattr(
+        profile_command, "batch_deviation", lambda target, args: seen.append(target) or measured
+    )
+    argv = ("-m", str(pair[0]), "--no-draft", "--deviation")
+    assert profile_command.run(_parse(*argv, "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["deviation"] == measured.to_dict()
+    assert profile_command.run(_parse(*argv)) == 0
+    table = capsys.readouterr().out
+    assert "batched logits against one-token logits: target.gguf, GPU offload every layer" in table
+    assert "16    47            0.5         0.75             2" in table
+    assert seen == [pair[0], pair[0]]
+    with pytest.raises(EdgeSpecError, match="drop --rpc"):
+        profile_command.run(_parse(*argv, "--rpc", "127.0.0.1:1"))

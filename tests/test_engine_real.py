@@ -65,7 +65,8 @@ def reference(spec: EdgeSpec) -> tuple[dict[str, list[int]], float]:
             rows.append(model.decode([token], [0])[0].copy())
             token = int(rows[-1].argmax())
             tokens.append(token)
-        outputs[prompt] = tokens
+        # The engine's token_ids end before an end-of-generation token (finish_reason "eos").
+        outputs[prompt] = tokens[:-1] if model.is_eog(tokens[-1]) else tokens
         delta = batched_logits(model, ids, tokens, K) - np.stack(rows)
         worst = max(worst, float((delta.max(axis=1) - delta.min(axis=1)).max()))
     model.reset()

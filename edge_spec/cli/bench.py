@@ -239,7 +239,10 @@ def _in_process(args, target, draft, strategies, peer_names, prompts, sessions, 
     config = EngineConfig(
         n_ctx=args.ctx_size,
         n_threads=args.threads,
-        use_head=args.draft is None,
+        # A named draft drafts in auto, not the target's head (as in generate and serve), unless
+        # the run asks for the head by name: then both are loaded and auto may use either (the
+        # Python API's default, use_head=True).
+        use_head=args.draft is None or any(s.draft_mode == "head" for s in strategies),
         rpc_servers=rpc_servers(args),
         rpc_timeout_s=args.rpc_timeout,
         fresh=args.fresh,

@@ -5,6 +5,7 @@ per pair, settings and llama.cpp build, then read from the cache.
     edge-spec profile                     # the default pair, quick (seconds)
     edge-spec profile --full --refresh    # about a minute, measured again
     edge-spec profile -m smollm2-135m-f16 --no-draft --json
+    edge-spec profile --deviation         # also: how far batched logits move (exactness)
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(full=False)
     parser.add_argument("--refresh", action="store_true", help="measure even if cached")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--deviation",
+        action="store_true",
+        help="also measure how far the target's batched logits move from one-token logits "
+        "per batch size on this build and device (what bounds greedy exactness)",
+    )
     add_rpc_argument(parser)
 
 
@@ -57,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}")
     if args.no_draft and args.draft:
         raise InvalidRequestError("give --draft or --no-draft, not both")
+    if args.deviation and args.rpc:
+        raise InvalidRequestError("--deviation measures this machine's own build: drop --rpc")
     default_target, default_draft = default_pair()
     target = resolve(args.target or default_target)
     if args.no_draft:
@@ -80,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         refresh=args.refresh,
         rpc_servers=rpc_servers(args),
     )
+    numerics = batch_deviation(target, args) if args.deviation else None
     if args.json:
         out = {
             "path": str(path),
@@ -87,10 +97,25 @@ def run(args: argparse.Namespace) -> int:
             "cost_curve": dataclasses.asdict(profile.cost_curve()),
             "profile": profile.to_dict(),
         }
+        if numerics is not None:
+            out["deviation"] = numerics.to_dict()
         print(json.dumps(out, indent=2))
     else:
         print(format_profile(profile, path, cached))
+        if numerics is not None:
+            from edge_spec.device.numerics import format_numerics
+
+            print("\n" + format_numerics(numerics))
     return 0
+
+
+def batch_deviation(target: Path, args: argparse.Namespace):  # -> numerics.Numerics
+    """The target's batch deviation, loaded as the profile loads it (local devices only)."""
+    from edge_spec.backend import LlamaModel
+    from edge_spec.device import numerics
+
+    with LlamaModel(target, n_ctx=256, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers) as m:
+        return numerics.measure(m, args.n_gpu_layers)
 
 
 def build_features(build: str) -> str:
