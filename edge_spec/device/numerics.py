@@ -129,8 +129,12 @@ def format_numerics(numerics: Numerics) -> str:
             f"{b.n:>2}  {b.rows:>4}  {b.max_logit_change:>13.4g}  {b.max_gap_change:>11.4g}  "
             f"{b.argmax_moved:>12}"
         )
-    lines.append(
-        "A greedy choice can move only where two tokens are closer than Δ gap; 0 everywhere: "
-        "verification is bit-exact here."
-    )
+    moved = [b.n for b in numerics.batches if b.max_gap_change > 0]
+    if not moved:
+        lines.append("Bit-exact at every batch size measured: drafting cannot move a choice.")
+    else:
+        lines.append(
+            f"Batches of {', '.join(map(str, moved))} move logits: a greedy choice (or a seeded "
+            "draw) can move where two tokens are closer than Δ gap."
+        )
     return "\n".join(lines)
