@@ -21,6 +21,7 @@ from edge_spec.errors import InvalidRequestError
 from edge_spec.modes import SELF
 
 if TYPE_CHECKING:
+    from edge_spec.device.numerics import Numerics
     from edge_spec.device.profile import DeviceProfile
 
 NAME = "profile"
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def batch_deviation(target: Path, args: argparse.Namespace):  # -> numerics.Numerics
+def batch_deviation(target: Path, args: argparse.Namespace) -> Numerics:
     """The target's batch deviation, loaded as the profile loads it (local devices only)."""
     from edge_spec.backend import LlamaModel
     from edge_spec.device import numerics

@@ -1,8 +1,9 @@
 """How far this build's batched logits move from its one-token logits, per batch size.
 
 Verification decodes k + 1 tokens in one pass; the target alone decodes one. Where a build's
-kernels sum a dot product in another order for a batch than for one token (tinyBLAS on a CPU,
-CUDA's matrix-vector kernels for 1-8 columns against its tiled ones beyond), a position's logits
+kernels sum a dot product in another order for a batch than for one token (tinyBLAS on a CPU
+beyond the project's small-batch kernel; on CUDA, a warp count that changes with the number of
+columns, then tiled kernels beyond 8), a position's logits
 differ slightly between the two, and a greedy choice or a seeded draw can move where two tokens
 are closer than that difference. This measures it: a fixed text, each position decoded alone
 (twice, to see whether one-token passes repeat bit for bit), then in batches of n, and per n the
@@ -103,6 +104,8 @@ def measure(
     if any(n < 2 or n > model.n_batch for n in batch_sizes):
         raise ValueError(f"batch sizes must be 2..{model.n_batch}, got {list(batch_sizes)}")
     ids = model.tokenize(text)
+    if len(ids) < PREFIX + max(batch_sizes, default=2):
+        raise ValueError(f"the text ({len(ids)} tokens) is too short for these batch sizes")
     if len(ids) + 1 > model.n_ctx:
         raise ValueError(f"the text ({len(ids)} tokens) does not fit n_ctx {model.n_ctx}")
     model.reset()
