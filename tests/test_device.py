@@ -516,19 +516,6 @@ def test_deviation_measures_what_can_flip_a_choice() -> None:
     assert moved.max_logit_change == pytest.approx(0.7)
 
 
-@pytest.mark.models
-def test_batch_deviation_of_a_real_model(target_path: Path) -> None:
-    """Every compared position of the text, each batch size against the same one-token rows;
-    one-token passes repeat bit for bit."""
-    with backend.LlamaModel(target_path, n_ctx=256, n_threads=2) as model:
-        result = numerics.measure(model, -1, batch_sizes=(2, 16))
-        assert model.tokens == []  # left empty for whoever uses the model next
-    assert result.alone_repeatable and [b.n for b in result.batches] == [2, 16]
-    assert all(b.rows > 30 and 0 <= b.argmax_moved <= b.rows for b in result.batches)
-    assert result.worst_gap_change == max(b.max_gap_change for b in result.batches)
-    assert result.to_dict()["batches"][1]["n"] == 16
-
-
 def test_profile_deviation_command(
     pair: tuple[Path, Path], cache: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
