@@ -155,6 +155,13 @@ def tree_bytes() -> int:
     return sum((ROOT / p).stat().st_size for p in paths if (ROOT / p).is_file())
 
 
+def extract(archive: Path, destination: Path) -> None:
+    """Unpack a tar archive, with the data filter where this Python has it."""
+    with tarfile.open(archive) as tar:
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(destination, **kwargs)
+
+
 def folder_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -195,7 +202,8 @@ def pack(directory: Path) -> dict:
         cmd = [str(py), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
         subprocess.run(cmd + ["-d", str(wheels), f"{name}=={pinned}"], check=True)
 
-    room = TRAVEL_BYTES - MARGIN_BYTES - tree_bytes() - 4096  # each half's, pack.json aside
+    tree = tree_bytes()
+    room = TRAVEL_BYTES - MARGIN_BYTES - tree - 4096  # each half's, pack.json aside
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / MODEL_NAME
         code = (
@@ -223,7 +231,7 @@ def pack(directory: Path) -> dict:
         if first <= 0 or rest > room - folder_bytes(part_dirs["b"]):
             raise SystemExit(
                 f"the model ({packed.stat().st_size / 2**20:.1f} MiB compressed) does not fit "
-                f"two calls beside a tree of {tree_bytes() / 2**20:.1f} MiB"
+                f"two calls beside a tree of {tree / 2**20:.1f} MiB"
             )
         with open(packed, "rb") as f:
             (part_dirs["a"] / f"{MODEL_NAME}.gz.part0").write_bytes(f.read(first))
@@ -256,7 +264,7 @@ def pack(directory: Path) -> dict:
             "parts": "gzip, split in two",
         },
         "head": bool(head),
-        "tree_bytes": tree_bytes(),
+        "tree_bytes": tree,
         "files": {
             str(p.relative_to(directory)): p.stat().st_size
             for p in sorted(directory.rglob("*"))
@@ -265,9 +273,8 @@ def pack(directory: Path) -> dict:
     }
     for d in part_dirs.values():
         (d / "pack.json").write_text(json.dumps(record, indent=2) + "\n")
-    for d in part_dirs.values():
-        total = folder_bytes(d) + record["tree_bytes"]
-        log(f"{d}: {folder_bytes(d) / 2**20:.1f} MiB (with the tree {total / 2**20:.1f} MiB)")
+        half = folder_bytes(d)
+        log(f"{d}: {half / 2**20:.1f} MiB (with the tree {(half + tree) / 2**20:.1f} MiB)")
     return record
 
 
@@ -377,9 +384,7 @@ def build(part: Path, site: Path, logs: Path, fa: bool, extra: list[str]) -> dic
     if nvcc is None:
         raise SystemExit("no nvcc: the GPU check needs CUDA's compiler (or use --dry)")
     work = Path(tempfile.mkdtemp(prefix="edge_spec_gpu_build_"))
-    with tarfile.open(part / SOURCE_NAME) as tar:
-        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(work, **kwargs)
+    extract(part / SOURCE_NAME, work)
     source = next(work.glob("llama_cpp_python-*"))
     args = [a for a in bootstrap.cmake_args() if a != "-DGGML_CUDA=on"]
     args += [
@@ -534,9 +539,7 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     has_head = (part / "head.tar.gz").is_file()
     if has_head:
         sha = report.data["pack"]["model"]["sha256"]
-        with tarfile.open(part / "head.tar.gz") as tar:
-            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tar.extractall(work / "heads", **kwargs)
+        extract(part / "head.tar.gz", work / "heads")
         (work / "heads" / "head").rename(work / "heads" / sha[:24])
     report.save()
 
