@@ -5,11 +5,11 @@ Standard library only: this runs before anything is installed. It
 1. creates `.venv/` beside the project if it is absent;
 2. installs the package (editable) and the named extras when their requirements are not met;
 3. builds llama-cpp-python from its sdist, with the project's patches to the vendored llama.cpp
-   (`scripts/patches/*.patch`, applied with `patch -p1`) and CMake flags chosen from this
-   machine (CUDA where a CUDA toolkit *and* a GPU are present, Metal on Apple Silicon, otherwise
-   the CPU's real features with AMX left off: a native build segfaults in
-   ggml_backend_amx_mul_mat on AMX CPUs; on Linux, a linker version script that keeps the C++
-   standard library's symbols local, EXPORTS_MAP), keeping the wheel in
+   (`scripts/patches/*.patch`, and `cuda/*.patch` for a CUDA build; `patch -p1`) and CMake
+   flags chosen from this machine (CUDA where a CUDA toolkit *and* a GPU are present, Metal on
+   Apple Silicon, otherwise the CPU's real features with AMX left off: a native build segfaults
+   in ggml_backend_amx_mul_mat on AMX CPUs; on Linux, a linker version script that keeps the
+   C++ standard library's symbols local, EXPORTS_MAP), keeping the wheel in
    `.cache/wheels/<version>-<flags and patches hash>/` so it is rebuilt only when the version,
    the flags or the patches change (pip's own wheel cache does not key on CMAKE_ARGS);
 4. runs a smoke decode in a child process so that a broken build fails set-up loudly.
@@ -172,13 +172,18 @@ def ensure_venv() -> Path:
     return py
 
 
-def patches(use: bool = True) -> list[Path]:
-    return sorted(PATCHES_DIR.glob("*.patch")) if use else []
+def patches(use: bool = True, cuda: bool = False) -> list[Path]:
+    """scripts/patches/*.patch, and for a CUDA build scripts/patches/cuda/*.patch too (those touch
+    only ggml-cuda, so a CPU build's key and sources stay as they were)."""
+    if not use:
+        return []
+    found = sorted(PATCHES_DIR.glob("*.patch"))
+    return found + sorted((PATCHES_DIR / "cuda").glob("*.patch")) if cuda else found
 
 
-def patches_key(use: bool = True) -> str:
+def patches_key(use: bool = True, cuda: bool = False) -> str:
     """A hash of the patches' names and contents ("" when there are none)."""
-    found = patches(use)
+    found = patches(use, cuda)
     if not found:
         return ""
     digest = hashlib.sha256()
@@ -187,10 +192,10 @@ def patches_key(use: bool = True) -> str:
     return digest.hexdigest()[:12]
 
 
-def apply_patches(llama_cpp_root: Path, use: bool = True) -> None:
-    """Apply scripts/patches/*.patch to a llama.cpp source tree; a patch that does not apply
+def apply_patches(llama_cpp_root: Path, use: bool = True, cuda: bool = False) -> None:
+    """Apply patches(use, cuda) to a llama.cpp source tree; a patch that does not apply
     cleanly (another llama.cpp version) stops the build with the reason."""
-    found = patches(use)
+    found = patches(use, cuda)
     if found and shutil.which("patch") is None:
         raise SystemExit("`patch` not found on PATH: install it, or build with --no-patches")
     for path in found:
@@ -228,7 +233,7 @@ def ensure_sdist(version: str, pip_python: Path) -> Path:
     return found
 
 
-def patched_source(sdist: Path, dest: Path, use_patches: bool = True) -> Path:
+def patched_source(sdist: Path, dest: Path, use_patches: bool = True, cuda: bool = False) -> Path:
     """The sdist extracted into dest (replaced) with the patches applied; returns its root."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -236,13 +241,14 @@ def patched_source(sdist: Path, dest: Path, use_patches: bool = True) -> Path:
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(dest, **kwargs)
     (root,) = [p for p in dest.iterdir() if p.is_dir()]
-    apply_patches(root / "vendor" / "llama.cpp", use_patches)
+    apply_patches(root / "vendor" / "llama.cpp", use_patches, cuda)
     return root
 
 
 def ensure_llama_cpp(py: Path, batch_invariant: bool = False, use_patches: bool = True) -> None:
     args = cmake_args(batch_invariant)
-    patched = patches_key(use_patches)
+    cuda = "-DGGML_CUDA=on" in args
+    patched = patches_key(use_patches, cuda)
     key = build_key(args, patched)
     stamp = VENV / ".llama_cpp_build.json"
     want = {"version": LLAMA_CPP_VERSION, "cmake_args": args, "patches": patched}
@@ -258,9 +264,9 @@ def ensure_llama_cpp(py: Path, batch_invariant: bool = False, use_patches: bool 
         log(f"building llama-cpp-python {LLAMA_CPP_VERSION} (a few minutes) with: {' '.join(args)}")
         wheel_dir.mkdir(parents=True, exist_ok=True)
         sdist = ensure_sdist(LLAMA_CPP_VERSION, py)
-        source = patched_source(sdist, ROOT / ".cache" / "build-src" / key, use_patches)
+        source = patched_source(sdist, ROOT / ".cache" / "build-src" / key, use_patches, cuda)
         env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
-        if "-DGGML_CUDA=on" in args:
+        if cuda:
             env.setdefault("CUDACXX", find_nvcc() or "nvcc")
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         run(

@@ -10,8 +10,8 @@ call, so the check comes in two halves that meet on the warm machine:
 
 `pack` (here, with the project set up) writes `.gpucheck/a/` and `.gpucheck/b/`, each small
 enough to travel beside the tree:
-- a/: the llama-cpp-python sdist of the pinned version trimmed to what a CUDA build reads, and
-  the gzipped model's first bytes;
+- a/: the llama-cpp-python sdist of the pinned version trimmed to what a CUDA build reads, with
+  bootstrap.py's patches for a CUDA build applied, and the gzipped model's first bytes;
 - b/: the rest of it, the pure-Python wheels the machine's image lacks (gguf,
   diskcache), and the draft head trained for this exact model where this machine has one and
   the call has room (`edge-spec head train -m <the packed model>`: a 15 MiB graph; the head
@@ -28,10 +28,12 @@ model, checks its sha256, and runs, each step inside what `--budget` leaves:
 2. loads in fresh processes: edge_spec alone; numpy first; numpy, onnxruntime and other C++
    extension modules (pyarrow, torch with its own CUDA runtime) first; llama-cpp-python's own;
    each must decode with every layer offloaded;
-3. the batch deviation per batch size, offloaded and on the same build's CPU backend
-   (`edge-spec profile --deviation`);
+3. the batch deviation per batch size (`edge-spec profile --deviation`): offloaded as edge_spec
+   runs it (GGML_CUDA_BATCH_INVARIANT=1, scripts/patches/cuda/), offloaded as llama.cpp ships
+   (=0), and on the same build's CPU backend;
 4. the real-model exactness tests (tests/test_engine_real.py) on the target and its self-draft;
 5. `edge-spec profile --full` with the self-draft: the GPU's t(n), bundled as a device profile;
+   and the target's t(n) with GGML_CUDA_BATCH_INVARIANT=0, what the invariance costs;
 6. the quick bench, side by side in one run: the target alone (twice: the noise floor), the
    default mode, n-gram, the self-draft at fixed k and under the cost policy, the head; on the
    GPU, then again on the machine's CPU cores with the GPU hidden (a second device class).
@@ -40,7 +42,7 @@ the profile, the bench results) into --out, so a call cut short still returns wh
 
     python3 scripts/gpu_check.py pack                                  # here (about a minute)
     python3 scripts/gpu_check.py run --stage build --out "$OUT"        # call 1 (about 4 min)
-    python3 scripts/gpu_check.py run --stage check --out "$OUT" --budget 380  # call 2
+    python3 scripts/gpu_check.py run --stage check --out "$OUT" --budget 360  # call 2
     python3 scripts/gpu_check.py run --dry --out /tmp/g                # both, on this CPU build
 
 `run --dry` skips the CUDA build, runs both stages on this machine's own build with short
@@ -179,19 +181,27 @@ def pack(directory: Path) -> dict:
     part_dirs = {name: directory / name for name in PARTS}
     for d in part_dirs.values():
         d.mkdir(parents=True)
-    # llama.cpp as released: scripts/patches/ change only x86 CPU kernels, and this is a CUDA check.
+    # llama.cpp with every patch a CUDA build of bootstrap.py gets (the CPU kernels' and
+    # scripts/patches/cuda/: GGML_CUDA_BATCH_INVARIANT), applied here, where `patch` is known.
     sdist = bootstrap.ensure_sdist(version, py)
+    patched = [p.name for p in bootstrap.patches(True, cuda=True)]
     source = part_dirs["a"] / SOURCE_NAME
     top = f"llama_cpp_python-{version}"
-    log(f"trimming {sdist.name} -> {source}")
+    log(f"trimming {sdist.name} with {len(patched)} patches -> {source}")
     n_files = 0
-    with tarfile.open(sdist) as src, tarfile.open(source, "w:gz", compresslevel=6) as dst:
-        for member in src:
-            if not keep_member(member.name, top):
-                continue
-            data = src.extractfile(member) if member.isfile() else None
-            dst.addfile(member, data)
-            n_files += member.isfile()
+    with tempfile.TemporaryDirectory() as tmp:
+        bootstrap.patched_source(sdist, Path(tmp), True, cuda=True)
+        with tarfile.open(sdist) as src, tarfile.open(source, "w:gz", compresslevel=6) as dst:
+            for member in src:
+                if not keep_member(member.name, top):
+                    continue
+                if not member.isfile():
+                    dst.addfile(member)
+                    continue
+                with open(Path(tmp) / member.name, "rb") as f:
+                    member.size = os.fstat(f.fileno()).st_size  # a patched file's own
+                    dst.addfile(member, f)
+                n_files += 1
 
     wheels = part_dirs["b"] / "wheels"
     for name in WHEELS:
@@ -254,6 +264,7 @@ def pack(directory: Path) -> dict:
     record = {
         "llama_cpp_python": version,
         "sdist": sdist.name,
+        "patches": patched,
         "source_files": n_files,
         "model": {
             "name": MODEL_NAME,
@@ -572,9 +583,10 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     report.data["loads"] = probe_loads(env, logs, python, target, clock)
     report.save()
 
-    # How much the logits depend on the batch shape, offloaded and on this build's CPU backend:
-    # the floor under greedy exactness that the tests below assume (what `edge-spec profile
-    # --deviation` prints, without the profile).
+    # How much the logits depend on the batch shape: offloaded as edge_spec runs it
+    # (GGML_CUDA_BATCH_INVARIANT=1, scripts/patches/cuda/), offloaded as llama.cpp ships
+    # (=0), and on this build's CPU backend: the floor under greedy exactness that the tests
+    # below assume (what `edge-spec profile --deviation` prints, without the profile).
     deviation = (
         "import json, sys; from edge_spec.backend import LlamaModel\n"
         "from edge_spec.device import numerics\n"
@@ -583,9 +595,11 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
         "    print(json.dumps(numerics.measure(model, layers).to_dict()))\n"
     )
     report.data["deviation"] = {}
-    for name, layers in (("offloaded", -1), ("cpu", 0))[: 1 if dry else 2]:
+    runs = (("offloaded", -1, "1"), ("offloaded_stock", -1, "0"), ("cpu", 0, "1"))
+    for name, layers, invariant in runs[: 1 if dry else 3]:
         cmd = [python, "-c", deviation, str(target), str(layers)]
-        rc, stdout, text = child(env, logs, f"deviation_{name}", cmd, clock.left(60))
+        run_env = dict(env, GGML_CUDA_BATCH_INVARIANT=invariant)
+        rc, stdout, text = child(run_env, logs, f"deviation_{name}", cmd, clock.left(60))
         report.data["deviation"][name] = (
             json.loads(stdout.strip().splitlines()[-1])
             if rc == 0
@@ -622,6 +636,20 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     else:
         report.data["profile"] = {"returncode": rc, "error": text[-2000:]}
     report.save()
+
+    # What the invariance costs: the target's t(n) as llama.cpp ships it (its own cache, so the
+    # bench below still reads the profile above).
+    if not dry and not clock.out_of_time(40):
+        stock_env = dict(env, GGML_CUDA_BATCH_INVARIANT="0", EDGE_SPEC_CACHE=str(work / "stock"))
+        stock_args = ["-m", str(target), "--no-draft", "--refresh", "--json", "--full"]
+        cmd = cli(python, "profile", *stock_args)
+        rc, stdout, text = child(stock_env, logs, "profile_stock", cmd, clock.left(90))
+        report.data["profile_stock"] = (
+            {"returncode": 0, "cost_curve": json.loads(stdout)["cost_curve"]}
+            if rc == 0
+            else {"returncode": rc, "error": text[-2000:]}
+        )
+        report.save()
 
     # The quick bench in its chat form (an instruct model), T = 0, on the GPU and then on this
     # machine's CPU cores with the GPU hidden: fewer entries there, where a pass costs more.
@@ -723,8 +751,10 @@ def summary(data: dict) -> str:
             f"  greedy {item['mode']}: {item['diverged']} of {item['prompts']} diverged, "
             f"drafted {item['drafted']}, accepted {item['accepted']}"
         )
-    curve = data.get("profile", {}).get("cost_curve")
-    lines.append("profile: " + (json.dumps(curve) if curve else "failed"))
+    for key in ("profile", "profile_stock"):
+        if key in data:
+            curve = data[key].get("cost_curve")
+            lines.append(f"{key}: " + (json.dumps(curve) if curve else "failed"))
     for device, result in data.get("bench", {}).items():
         lines.append(f"bench {device}: {json.dumps(result.get('strategies', result))[:800]}")
     return "\n".join(lines)

@@ -55,6 +55,12 @@ def test_each_half_fits_a_call_and_holds_what_it_needs(packed: Path) -> None:
     assert all(f"{top}/{m}" in names for m in must)
     dropped = ("vendor/llama.cpp/models/", "vendor/llama.cpp/docs/", "ggml/src/ggml-vulkan/")
     assert not any(d in n for n in names for d in dropped)
+    # built as bootstrap.py builds for CUDA: the CPU kernels' patches and the batch-invariant one
+    assert "ggml-cuda-batch-invariant.patch" in record["patches"]
+    assert any(name.startswith("ggml-cpu-") for name in record["patches"])
+    with tarfile.open(packed / "a" / "llama-cpp-python-src.tar.gz") as tar:
+        mmvq = tar.extractfile(f"{top}/vendor/llama.cpp/ggml/src/ggml-cuda/mmvq.cu").read()
+    assert b"mmvq_batch_invariant_chunk" in mmvq
     wheels = {w.split("-")[0] for w in record["files"] if w.startswith("b/wheels/")}
     assert wheels == {"b/wheels/gguf", "b/wheels/diskcache"}
 

@@ -15,6 +15,10 @@ from pathlib import Path
 # On a failed GGML_ASSERT ggml prints a debugger backtrace (attaching gdb can take minutes);
 # one line of llama.cpp's own is what a user should see. Read at abort time.
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+# A CUDA build with scripts/patches/cuda/ gives a token the same logits whatever batch verifies
+# it (docs/gpu.md); stock builds ignore the variable, GGML_CUDA_BATCH_INVARIANT=0 turns it off.
+# ggml reads it once, at the first CUDA op, which follows this import.
+os.environ.setdefault("GGML_CUDA_BATCH_INVARIANT", "1")
 
 import llama_cpp  # noqa: E402
 
