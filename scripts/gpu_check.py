@@ -557,13 +557,15 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     draft = str(work / "self-draft.gguf")
     facts = (
         "import json, sys, llama_cpp; from pathlib import Path\n"
-        "from edge_spec.backend.runtime import exported_std_symbols, llama_library_paths\n"
+        "from edge_spec.backend.runtime import (cuda_batch_invariant, exported_std_symbols,\n"
+        "    llama_library_paths)\n"
         "from edge_spec.models.layer_subset import write_layer_subset\n"
         "layers = [int(x) for x in sys.argv[3].split(',')]\n"
         "write_layer_subset(Path(sys.argv[1]), Path(sys.argv[2]), layers)\n"
         "print(json.dumps({'draft_layers': layers,\n"
         "  'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
         "  'system_info': llama_cpp.llama_print_system_info().decode(),\n"
+        "  'cuda_batch_invariant': cuda_batch_invariant(),\n"
         "  'std_exports': {p.name: exported_std_symbols(p) for p in llama_library_paths()\n"
         "                  if not p.is_symlink()}}))\n"
     )
@@ -733,6 +735,7 @@ def summary(data: dict) -> str:
         f"build {data.get('build', {}).get('build_s', '-')} s; "
         f"self-draft layers {data.get('draft_layers')}",
         f"C++ standard-library symbols exported: {data.get('std_exports')}",
+        f"CUDA batch invariance (patched build, on): {data.get('cuda_batch_invariant')}",
         "loads: "
         + ", ".join(
             f"{name} rc {r['returncode']} {r.get('offloaded', [''])[-1:]}"

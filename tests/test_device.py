@@ -209,9 +209,13 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
         llama_cpp_version="0.3.37",
         llama_build="CPU : AVX512 = 1 | LLAMAFILE = 0",  # same version, rebuilt with other flags
         llama_libraries="e" * 64,  # same flags, other code (a patch to llama.cpp)
+        cuda_batch_invariant=False,  # a patched CUDA build with GGML_CUDA_BATCH_INVARIANT=0
     )
     keys = {device.profile_key(**{**base, name: value}) for name, value in changes.items()}
     assert key not in keys and len(keys) == len(changes)
+    on = device.profile_key(**base, cuda_batch_invariant=True)
+    assert on not in keys | {key}  # on, off and not there are three keys
+    assert backend.cuda_batch_invariant() is None  # this CPU build has no CUDA library
 
 
 def test_the_libraries_digest_follows_the_native_code(cache: Path, tmp_path: Path) -> None:
@@ -543,6 +547,9 @@ def test_profile_deviation_command(
     table = capsys.readouterr().out
     assert "batched logits against one-token logits: target.gguf, GPU offload every layer" in table
     assert "16    47            0.5         0.75             2" in table
+    assert "CUDA batch invariance" not in table  # None: no CUDA library, or one without the patch
     assert seen == [pair[0], pair[0]]
+    on_cuda = dataclasses.replace(measured, cuda_batch_invariant=False)
+    assert "CUDA batch invariance (scripts/patches/cuda/): off" in numerics.format_numerics(on_cuda)
     with pytest.raises(EdgeSpecError, match="drop --rpc"):
         profile_command.run(_parse(*argv, "--rpc", "127.0.0.1:1"))

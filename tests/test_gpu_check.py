@@ -95,6 +95,7 @@ def test_dry_run_passes_every_step_on_this_build(packed: Path, tmp_path: Path) -
     assert report["mode"] == "dry" and report["gpu_offload"] in (True, False)
     assert report["pack"]["model"]["sha256"]  # joined and checked
     assert report["std_exports"] and set(report["std_exports"].values()) <= {0, None}
+    assert report["cuda_batch_invariant"] is None  # a CPU build: no CUDA library to ask
     loads = report["loads"]
     assert all(load["returncode"] == 0 and load["offloaded"] for load in loads.values()), loads
     assert {"numpy", "onnxruntime"} <= set(loads["extensions_then_edge_spec"]["first"])

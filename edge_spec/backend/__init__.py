@@ -9,6 +9,7 @@ from edge_spec.backend.model import LlamaModel, ModelInfo, common_prefix, smoke_
 from edge_spec.backend.peer import PeerGeneration, PromptLookupPeer
 from edge_spec.backend.runtime import (
     FTYPES,
+    cuda_batch_invariant,
     default_threads,
     llama_build,
     llama_cpp_version,
@@ -24,6 +25,7 @@ __all__ = [
     "PeerGeneration",
     "PromptLookupPeer",
     "common_prefix",
+    "cuda_batch_invariant",
     "default_threads",
     "llama_build",
     "llama_cpp_version",

@@ -2,8 +2,9 @@
 
 Verification decodes k + 1 tokens in one pass; the target alone decodes one. Where a build's
 kernels sum a dot product in another order for a batch than for one token (tinyBLAS on a CPU
-beyond the project's small-batch kernel; on CUDA, a warp count that changes with the number of
-columns, then tiled kernels beyond 8), a position's logits
+beyond the project's small-batch kernel; on CUDA as llama.cpp ships, a warp count that changes
+with the number of columns, tensor-core kernels for attention's products, tiled kernels beyond 8
+columns; a CUDA build with scripts/patches/cuda/ avoids them, docs/gpu.md), a position's logits
 differ slightly between the two, and a greedy choice or a seeded draw can move where two tokens
 are closer than that difference. This measures it: a fixed text, each position decoded alone
 (twice, to see whether one-token passes repeat bit for bit), then in batches of n, and per n the
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_spec.backend import LlamaModel, supports_gpu_offload
+from edge_spec.backend import LlamaModel, cuda_batch_invariant, supports_gpu_offload
 
 TEXT = (
     "The water cycle, explained for a school textbook. Water evaporates from the oceans, rises "
@@ -51,6 +52,7 @@ class Numerics:
     offload_build: bool  # the build can offload (else every layer ran on the CPU)
     alone_repeatable: bool  # two one-token passes over the text gave identical logits
     batches: tuple[BatchDeviation, ...]
+    cuda_batch_invariant: bool | None = None  # backend.cuda_batch_invariant(); None: not there
 
     @property
     def worst_gap_change(self) -> float:
@@ -62,6 +64,7 @@ class Numerics:
             "n_gpu_layers": self.n_gpu_layers,
             "offload_build": self.offload_build,
             "alone_repeatable": self.alone_repeatable,
+            "cuda_batch_invariant": self.cuda_batch_invariant,
             "worst_gap_change": self.worst_gap_change,
             "batches": [b.__dict__ for b in self.batches],
         }
@@ -114,7 +117,14 @@ def measure(
     repeatable = bool(np.array_equal(alone, _alone_rows(model, ids)))
     batches = tuple(deviation(alone, _batched_rows(model, ids, n), n) for n in batch_sizes)
     model.reset()
-    return Numerics(model.path.name, n_gpu_layers, supports_gpu_offload(), repeatable, batches)
+    return Numerics(
+        model.path.name,
+        n_gpu_layers,
+        supports_gpu_offload(),
+        repeatable,
+        batches,
+        cuda_batch_invariant(),
+    )
 
 
 def format_numerics(numerics: Numerics) -> str:
@@ -125,8 +135,11 @@ def format_numerics(numerics: Numerics) -> str:
     lines = [
         f"batched logits against one-token logits: {numerics.model}, GPU offload {offload}; "
         f"one-token passes repeat bit for bit: {'yes' if numerics.alone_repeatable else 'no'}",
-        " n  rows  max |Δ logit|  max |Δ gap|  greedy moved",
     ]
+    if numerics.cuda_batch_invariant is not None:
+        state = "on" if numerics.cuda_batch_invariant else "off (GGML_CUDA_BATCH_INVARIANT=0)"
+        lines.append(f"CUDA batch invariance (scripts/patches/cuda/): {state}")
+    lines.append(" n  rows  max |Δ logit|  max |Δ gap|  greedy moved")
     for b in numerics.batches:
         lines.append(
             f"{b.n:>2}  {b.rows:>4}  {b.max_logit_change:>13.4g}  {b.max_gap_change:>11.4g}  "

@@ -153,9 +153,11 @@ def profile_key(
     llama_build: str,
     llama_libraries: str = "",
     rpc_servers: Sequence[str] = (),
+    cuda_batch_invariant: bool | None = None,
 ) -> str:
     """24 hex digits of the sha256 of everything that changes the measured costs (the RPC
-    servers only where there are some, so that local keys stay what they were)."""
+    servers, and whether a patched CUDA build verifies batch-invariantly, only where they
+    apply, so that other keys stay what they were)."""
     parts: list = [
         hostname,
         cpu_model,
@@ -171,6 +173,8 @@ def profile_key(
     ]
     if rpc_servers:
         parts.append(sorted(rpc_servers))
+    if cuda_batch_invariant is not None:
+        parts.append({"cuda_batch_invariant": cuda_batch_invariant})
     return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()[:24]
 
 
@@ -212,6 +216,7 @@ def _request(
         llama_build=backend.llama_build(),
         llama_libraries=libraries_sha256(backend.llama_library_paths()),
         rpc_servers=rpc_servers,
+        cuda_batch_invariant=backend.cuda_batch_invariant() if offload else None,
     )
     return ProfileRequest(
         target, draft, target_sha, draft_sha, threads, layers, key, tuple(rpc_servers)
