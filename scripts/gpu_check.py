@@ -30,7 +30,7 @@ model, checks its sha256, and runs, each step inside what `--budget` leaves:
    each must decode with every layer offloaded;
 3. the batch deviation per batch size (`edge-spec profile --deviation`): offloaded as edge_spec
    runs it (GGML_CUDA_BATCH_INVARIANT=1, scripts/patches/cuda/), offloaded as llama.cpp ships
-   (=0), and on the same build's CPU backend;
+   (=0), invariant with op fusion off (a diagnosis), and on the same build's CPU backend;
 4. the real-model exactness tests (tests/test_engine_real.py) on the target and its self-draft;
 5. `edge-spec profile --full` with the self-draft: the GPU's t(n), bundled as a device profile;
    and the target's t(n) with GGML_CUDA_BATCH_INVARIANT=0, what the invariance costs;
@@ -597,10 +597,21 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
         "    print(json.dumps(numerics.measure(model, layers).to_dict()))\n"
     )
     report.data["deviation"] = {}
-    runs = (("offloaded", -1, "1"), ("offloaded_stock", -1, "0"), ("cpu", 0, "1"))
-    for name, layers, invariant in runs[: 1 if dry else 3]:
+    # Also invariant with llama.cpp's op fusion off: should a batch still move the logits, this
+    # says whether a fused kernel (the one-token pass's gate, up and GLU in one) is the cause.
+    runs = (
+        ("offloaded", -1, {"GGML_CUDA_BATCH_INVARIANT": "1"}),
+        ("offloaded_stock", -1, {"GGML_CUDA_BATCH_INVARIANT": "0"}),
+        (
+            "offloaded_no_fusion",
+            -1,
+            {"GGML_CUDA_BATCH_INVARIANT": "1", "GGML_CUDA_DISABLE_FUSION": "1"},
+        ),
+        ("cpu", 0, {"GGML_CUDA_BATCH_INVARIANT": "1"}),
+    )
+    for name, layers, variables in runs[: 1 if dry else len(runs)]:
         cmd = [python, "-c", deviation, str(target), str(layers)]
-        run_env = dict(env, GGML_CUDA_BATCH_INVARIANT=invariant)
+        run_env = dict(env, **variables)
         rc, stdout, text = child(run_env, logs, f"deviation_{name}", cmd, clock.left(60))
         report.data["deviation"][name] = (
             json.loads(stdout.strip().splitlines()[-1])
