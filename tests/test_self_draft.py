@@ -124,8 +124,8 @@ def _drafts_with_exact_output(spec: EdgeSpec, prompts=PROMPTS) -> tuple[int, int
     near-tie may flip one prompt at most); (tokens drafted, accepted)."""
     n_drafted = n_accepted = n_diverged = 0
     for prompt in prompts:
-        alone = spec.generate(prompt, max_tokens=40, draft_mode="none")
-        got = spec.generate(prompt, max_tokens=40, k=3)  # the engine's own mode: self, auto
+        alone = spec.generate(prompt, max_tokens=32, draft_mode="none")
+        got = spec.generate(prompt, max_tokens=32, k=3)  # the engine's own mode: self, auto
         assert got.draft_vocab == "shared" and got.draft_mode == spec.default_draft_mode
         n_diverged += got.token_ids != alone.token_ids
         n_drafted += got.stats.n_drafted
