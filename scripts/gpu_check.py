@@ -593,7 +593,8 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
         "import json, sys; from edge_spec.backend import LlamaModel\n"
         "from edge_spec.device import numerics\n"
         "layers = int(sys.argv[2])\n"
-        "with LlamaModel(sys.argv[1], n_ctx=256, n_gpu_layers=layers) as model:\n"
+        # 512 cells: room for a batch across the KV view's first 256-cell step (numerics)
+        "with LlamaModel(sys.argv[1], n_ctx=512, n_gpu_layers=layers) as model:\n"
         "    print(json.dumps(numerics.measure(model, layers).to_dict()))\n"
     )
     report.data["deviation"] = {}

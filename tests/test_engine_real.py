@@ -294,6 +294,27 @@ def test_small_verify_batches_give_the_one_token_logits_bit_for_bit(which, reque
         assert float(np.abs(longer - alone).max()) < 0.25
 
 
+def test_a_verify_batch_across_the_kv_views_256_cell_step_moves_no_logit(target_path) -> None:
+    """llama.cpp pads the KV view a batch attends over to a multiple of 256 cells, so a batch
+    whose last token lands past such a step gives its earlier rows a longer (masked) attention
+    row than their one-token passes had. A build that sums a batch of 8 as it sums one token
+    (this CPU build; CUDA with scripts/patches/cuda/, whose vector and softmax kernels then keep
+    one block size whatever the row length) gives those rows the one-token logits bit for bit
+    there too, as it does away from the step."""
+    n = 8
+    with LlamaModel(target_path, n_ctx=512) as model:
+        ids = model.tokenize(" ".join(PROMPTS))
+        text = ids * (300 // len(ids) + 2)
+        moved = {}
+        for start in (100, 256 - n // 2):  # the batch covers positions start .. start + n - 1
+            prompt, tokens = text[: start + 1], text[start + 1 : start + 1 + n]
+            alone = single_logits(model, prompt, tokens)
+            moved[start] = batched_logits(model, prompt, tokens, n - 1) - alone
+        if np.any(moved[100]):
+            pytest.skip("batches of 8 move this build's logits anywhere: batching noise")
+        assert not np.any(moved[256 - n // 2])
+
+
 def test_token_tree_rows_equal_each_branch_decoded_as_a_chain(target_path) -> None:
     """One decode_tree: every row is what its branch gives decoded alone (each branch sees the
     cache and its own ancestors, never a sibling); keep_tree leaves the cache as if the kept

@@ -115,7 +115,9 @@ def batch_deviation(target: Path, args: argparse.Namespace) -> Numerics:
     from edge_spec.backend import LlamaModel
     from edge_spec.device import numerics
 
-    with LlamaModel(target, n_ctx=256, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers) as m:
+    # 512 cells: room for a batch across the KV view's first 256-cell step (numerics)
+    layers = args.n_gpu_layers
+    with LlamaModel(target, n_ctx=512, n_threads=args.threads, n_gpu_layers=layers) as m:
         return numerics.measure(m, args.n_gpu_layers)
 
 

@@ -30,6 +30,8 @@ TEXT = (
 )
 BATCH_SIZES = (2, 3, 4, 5, 8, 12, 16)
 PREFIX = 8  # tokens decoded once before the compared positions
+KV_PAD_CELLS = 256  # llama.cpp pads the attended KV view to a multiple of this many cells
+BOUNDARY_BATCH = 8  # the batch measured across that step: a verification of 7 drafted tokens
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,13 @@ class Numerics:
     alone_repeatable: bool  # two one-token passes over the text gave identical logits
     batches: tuple[BatchDeviation, ...]
     cuda_batch_invariant: bool | None = None  # backend.cuda_batch_invariant(); None: not there
+    # A batch across the KV view's first 256-cell step; None where n_ctx has no such step.
+    boundary: BatchDeviation | None = None
 
     @property
     def worst_gap_change(self) -> float:
-        return max((b.max_gap_change for b in self.batches), default=0.0)
+        measured = [*self.batches, *([self.boundary] if self.boundary else [])]
+        return max((b.max_gap_change for b in measured), default=0.0)
 
     def to_dict(self) -> dict:
         return {
@@ -67,6 +72,7 @@ class Numerics:
             "cuda_batch_invariant": self.cuda_batch_invariant,
             "worst_gap_change": self.worst_gap_change,
             "batches": [b.__dict__ for b in self.batches],
+            "boundary": self.boundary.__dict__ if self.boundary else None,
         }
 
 
@@ -82,6 +88,22 @@ def _batched_rows(model: LlamaModel, ids: Sequence[int], n: int) -> np.ndarray:
         chunk = ids[start : start + n]
         rows.append(model.decode(chunk, range(len(chunk))).copy())
     return np.concatenate(rows)
+
+
+def _boundary(model: LlamaModel, ids: Sequence[int], n: int) -> BatchDeviation | None:
+    """One batch of n tokens whose first half lies before the KV view's first 256-cell step and
+    whose second half after it, against the same tokens decoded one at a time (the text
+    repeated to reach it); None where the context ends before that step."""
+    if model.n_ctx < KV_PAD_CELLS + n or model.n_batch < n:
+        return None
+    long_ids = list(ids) * (KV_PAD_CELLS // len(ids) + 2)
+    start = KV_PAD_CELLS - n // 2
+    tokens = long_ids[start : start + n]
+    model.reset()
+    model.decode(long_ids[:start])
+    alone = np.stack([model.decode([t], [0])[0].copy() for t in tokens])
+    model.truncate(start)
+    return deviation(alone, model.decode(tokens, range(n)).copy(), n)
 
 
 def deviation(alone: np.ndarray, batched: np.ndarray, n: int) -> BatchDeviation:
@@ -116,6 +138,7 @@ def measure(
     alone = _alone_rows(model, ids)
     repeatable = bool(np.array_equal(alone, _alone_rows(model, ids)))
     batches = tuple(deviation(alone, _batched_rows(model, ids, n), n) for n in batch_sizes)
+    boundary = _boundary(model, ids, BOUNDARY_BATCH)
     model.reset()
     return Numerics(
         model.path.name,
@@ -124,6 +147,7 @@ def measure(
         repeatable,
         batches,
         cuda_batch_invariant(),
+        boundary,
     )
 
 
@@ -145,7 +169,16 @@ def format_numerics(numerics: Numerics) -> str:
             f"{b.n:>2}  {b.rows:>4}  {b.max_logit_change:>13.4g}  {b.max_gap_change:>11.4g}  "
             f"{b.argmax_moved:>12}"
         )
-    moved = [b.n for b in numerics.batches if b.max_gap_change > 0]
+    across = numerics.boundary
+    if across is not None:
+        lines.append(
+            f"{across.n:>2}  {across.rows:>4}  {across.max_logit_change:>13.4g}  "
+            f"{across.max_gap_change:>11.4g}  {across.argmax_moved:>12}  "
+            f"across the KV view's {KV_PAD_CELLS}-cell step"
+        )
+    moved = [str(b.n) for b in numerics.batches if b.max_gap_change > 0]
+    if across is not None and across.max_gap_change > 0:
+        moved.append(f"{across.n} across {KV_PAD_CELLS} cells")
     if not moved:
         lines.append("Bit-exact at every batch size measured: drafting cannot move a choice.")
     else:
