@@ -551,10 +551,10 @@ def test_profile_deviation_command(
     assert "Batches of 16 move logits" in table
     across = dataclasses.replace(measured, boundary=numerics.BatchDeviation(8, 8, 0.1, 0.9, 1))
     assert across.worst_gap_change == 0.9  # the batch across the KV view's step counts too
-    assert " 8     8            0.1          0.9             1  across the KV view's 256-cell step" in (
-        numerics.format_numerics(across)
-    )
-    assert "Batches of 16, 8 across 256 cells move logits" in numerics.format_numerics(across)
+    table = numerics.format_numerics(across)
+    row = " 8     8            0.1          0.9             1  across the KV view's 256-cell step"
+    assert row in table
+    assert "Batches of 16, 8 across 256 cells move logits" in table
     assert seen == [pair[0], pair[0]]
     on_cuda = dataclasses.replace(measured, cuda_batch_invariant=False)
     assert "CUDA batch invariance (scripts/patches/cuda/): off" in numerics.format_numerics(on_cuda)
