@@ -30,13 +30,15 @@ model, checks its sha256, and runs, each step inside what `--budget` leaves:
    each must decode with every layer offloaded;
 3. the batch deviation per batch size (`edge-spec profile --deviation`): offloaded as edge_spec
    runs it (GGML_CUDA_BATCH_INVARIANT=1, scripts/patches/cuda/), offloaded as llama.cpp ships
-   (=0), invariant with op fusion off (a diagnosis), and on the same build's CPU backend;
+   (=0), with =2 (quantized weights through mul_mat_q at one tile width, every batch size),
+   invariant with op fusion off (a diagnosis), and on the same build's CPU backend;
 4. the real-model exactness tests (tests/test_engine_real.py) on the target and its self-draft;
 5. `edge-spec profile --full` with the self-draft: the GPU's t(n), bundled as a device profile;
    and the target's t(n) with GGML_CUDA_BATCH_INVARIANT=0, what the invariance costs;
 6. the quick bench, side by side in one run: the target alone (twice: the noise floor), the
    default mode, n-gram, the self-draft at fixed k and under the cost policy, the head; on the
-   GPU, then again on the machine's CPU cores with the GPU hidden (a second device class).
+   GPU, then again on the machine's CPU cores with the GPU hidden (a second device class);
+7. where time is left, the target's t(n) with GGML_CUDA_BATCH_INVARIANT=2 (`--quick`).
 It writes `gpu_check.json` (the report so far, after every step) and `files.tar.gz` (every log,
 the profile, the bench results) into --out, so a call cut short still returns what it did.
 
@@ -603,6 +605,8 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     runs = (
         ("offloaded", -1, {"GGML_CUDA_BATCH_INVARIANT": "1"}),
         ("offloaded_stock", -1, {"GGML_CUDA_BATCH_INVARIANT": "0"}),
+        # =2: quantized weights through mul_mat_q, one tile width for every batch (common.cuh)
+        ("offloaded_mmq", -1, {"GGML_CUDA_BATCH_INVARIANT": "2"}),
         (
             "offloaded_no_fusion",
             -1,
@@ -690,6 +694,20 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
         report.data["bench"][device] = bench_summary(logs / f"bench_{device}", rc, text)
         report.save()
 
+    # What =2 (mul_mat_q for every batch size, the one-token pass included) costs beside =1 and
+    # stock: t(n) with the quick profile, last, where time is left.
+    if not dry and not clock.out_of_time(30):
+        mmq_env = dict(env, GGML_CUDA_BATCH_INVARIANT="2", EDGE_SPEC_CACHE=str(work / "mmq"))
+        mmq_args = ["-m", str(target), "--no-draft", "--refresh", "--json", "--quick"]
+        cmd = cli(python, "profile", *mmq_args)
+        rc, stdout, text = child(mmq_env, logs, "profile_mmq", cmd, clock.left(60))
+        report.data["profile_mmq"] = (
+            {"returncode": 0, "cost_curve": json.loads(stdout)["cost_curve"]}
+            if rc == 0
+            else {"returncode": rc, "error": text[-2000:]}
+        )
+        report.save()
+
     print(summary(report.data))
     shutil.rmtree(work, ignore_errors=True)
     return report.data["tests"]["returncode"] == 0 and report.data["profile"]["returncode"] == 0
@@ -747,7 +765,8 @@ def summary(data: dict) -> str:
         f"build {data.get('build', {}).get('build_s', '-')} s; "
         f"self-draft layers {data.get('draft_layers')}",
         f"C++ standard-library symbols exported: {data.get('std_exports')}",
-        f"CUDA batch invariance (patched build, on): {data.get('cuda_batch_invariant')}",
+        f"CUDA batch invariance (patched build; 1 as edge_spec sets it): "
+        f"{data.get('cuda_batch_invariant')}",
         "loads: "
         + ", ".join(
             f"{name} rc {r['returncode']} {r.get('offloaded', [''])[-1:]}"
@@ -766,7 +785,7 @@ def summary(data: dict) -> str:
             f"  greedy {item['mode']}: {item['diverged']} of {item['prompts']} diverged, "
             f"drafted {item['drafted']}, accepted {item['accepted']}"
         )
-    for key in ("profile", "profile_stock"):
+    for key in ("profile", "profile_stock", "profile_mmq"):
         if key in data:
             curve = data[key].get("cost_curve")
             lines.append(f"{key}: " + (json.dumps(curve) if curve else "failed"))

@@ -209,12 +209,12 @@ def test_key_changes_with_everything_that_changes_the_numbers() -> None:
         llama_cpp_version="0.3.37",
         llama_build="CPU : AVX512 = 1 | LLAMAFILE = 0",  # same version, rebuilt with other flags
         llama_libraries="e" * 64,  # same flags, other code (a patch to llama.cpp)
-        cuda_batch_invariant=False,  # a patched CUDA build with GGML_CUDA_BATCH_INVARIANT=0
+        cuda_batch_invariant=0,  # a patched CUDA build with GGML_CUDA_BATCH_INVARIANT=0
     )
     keys = {device.profile_key(**{**base, name: value}) for name, value in changes.items()}
     assert key not in keys and len(keys) == len(changes)
-    on = device.profile_key(**base, cuda_batch_invariant=True)
-    assert on not in keys | {key}  # on, off and not there are three keys
+    on = {device.profile_key(**base, cuda_batch_invariant=mode) for mode in (1, 2)}
+    assert len(on) == 2 and not on & (keys | {key})  # 0, 1, 2 and not there: four keys
     assert backend.cuda_batch_invariant() is None  # this CPU build has no CUDA library
 
 
@@ -556,7 +556,9 @@ def test_profile_deviation_command(
     assert row in table
     assert "Batches of 16, 8 across 256 cells move logits" in table
     assert seen == [pair[0], pair[0]]
-    on_cuda = dataclasses.replace(measured, cuda_batch_invariant=False)
+    on_cuda = dataclasses.replace(measured, cuda_batch_invariant=0)
     assert "CUDA batch invariance (scripts/patches/cuda/): off" in numerics.format_numerics(on_cuda)
+    mmq = numerics.format_numerics(dataclasses.replace(measured, cuda_batch_invariant=2))
+    assert "CUDA batch invariance (scripts/patches/cuda/): on, quantized weights through" in mmq
     with pytest.raises(EdgeSpecError, match="drop --rpc"):
         profile_command.run(_parse(*argv, "--rpc", "127.0.0.1:1"))

@@ -116,18 +116,18 @@ def llama_library_paths() -> list[Path]:
     ]
 
 
-def cuda_batch_invariant() -> bool | None:
-    """Whether this process's CUDA backend gives a token the same logits in any verify batch:
-    True or False on a CUDA build carrying scripts/patches/cuda/ (GGML_CUDA_BATCH_INVARIANT on
-    or off, as the patched library itself reports), None without a CUDA library or the patch.
+def cuda_batch_invariant() -> int | None:
+    """Whether this process's CUDA backend gives a token the same logits in any verify batch, as
+    a CUDA build carrying scripts/patches/cuda/ reports GGML_CUDA_BATCH_INVARIANT: 0 off, 1 on,
+    2 on with quantized weights through mul_mat_q; None without a CUDA library or the patch.
     Looked up through the libllama llama-cpp-python loaded, which searches the libraries it
     depends on: the ggml-cuda that decodes, not a second copy opened by file name (a `pip
     --target` install copies each library's symlinks as files)."""
     report = getattr(llama_cpp.llama_cpp._lib, "ggml_backend_cuda_batch_invariant", None)
     if report is None:
         return None
-    report.restype, report.argtypes = ctypes.c_bool, []
-    return bool(report())
+    report.restype, report.argtypes = ctypes.c_int, []
+    return int(report())
 
 
 def exported_std_symbols(path: Path) -> int | None:

@@ -32,6 +32,11 @@ BATCH_SIZES = (2, 3, 4, 5, 8, 12, 16)
 PREFIX = 8  # tokens decoded once before the compared positions
 KV_PAD_CELLS = 256  # llama.cpp pads the attended KV view to a multiple of this many cells
 BOUNDARY_BATCH = 8  # the batch measured across that step: a verification of 7 drafted tokens
+# GGML_CUDA_BATCH_INVARIANT as the patched CUDA library reports it (1: "on")
+CUDA_INVARIANCE = {
+    0: "off (GGML_CUDA_BATCH_INVARIANT=0)",
+    2: "on, quantized weights through mul_mat_q (=2)",
+}
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Numerics:
     offload_build: bool  # the build can offload (else every layer ran on the CPU)
     alone_repeatable: bool  # two one-token passes over the text gave identical logits
     batches: tuple[BatchDeviation, ...]
-    cuda_batch_invariant: bool | None = None  # backend.cuda_batch_invariant(); None: not there
+    cuda_batch_invariant: int | None = None  # backend.cuda_batch_invariant(); None: not there
     # A batch across the KV view's first 256-cell step; None where n_ctx has no such step.
     boundary: BatchDeviation | None = None
 
@@ -161,7 +166,7 @@ def format_numerics(numerics: Numerics) -> str:
         f"one-token passes repeat bit for bit: {'yes' if numerics.alone_repeatable else 'no'}",
     ]
     if numerics.cuda_batch_invariant is not None:
-        state = "on" if numerics.cuda_batch_invariant else "off (GGML_CUDA_BATCH_INVARIANT=0)"
+        state = CUDA_INVARIANCE.get(numerics.cuda_batch_invariant, "on")
         lines.append(f"CUDA batch invariance (scripts/patches/cuda/): {state}")
     lines.append(" n  rows  max |Δ logit|  max |Δ gap|  greedy moved")
     for b in numerics.batches:

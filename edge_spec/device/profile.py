@@ -153,11 +153,11 @@ def profile_key(
     llama_build: str,
     llama_libraries: str = "",
     rpc_servers: Sequence[str] = (),
-    cuda_batch_invariant: bool | None = None,
+    cuda_batch_invariant: int | None = None,
 ) -> str:
     """24 hex digits of the sha256 of everything that changes the measured costs (the RPC
-    servers, and whether a patched CUDA build verifies batch-invariantly, only where they
-    apply, so that other keys stay what they were)."""
+    servers, and how a patched CUDA build verifies batch-invariantly (GGML_CUDA_BATCH_INVARIANT
+    0, 1 or 2), only where they apply, so that other keys stay what they were)."""
     parts: list = [
         hostname,
         cpu_model,
