@@ -118,7 +118,7 @@ def batch_deviation(target: Path, args: argparse.Namespace) -> Numerics:
     # 512 cells: room for a batch across the KV view's first 256-cell step (numerics)
     layers = args.n_gpu_layers
     with LlamaModel(target, n_ctx=512, n_threads=args.threads, n_gpu_layers=layers) as m:
-        return numerics.measure(m, args.n_gpu_layers)
+        return numerics.measure(m, layers)
 
 
 def build_features(build: str) -> str:

@@ -130,7 +130,8 @@ def measure(
     text: str = TEXT,
 ) -> Numerics:
     """The batch deviation of `model` (as loaded with `n_gpu_layers`, which the result
-    records) over `text`."""
+    records) over `text`, and of a batch of BOUNDARY_BATCH across the KV view's first 256-cell
+    step where the model's context reaches past it."""
     if any(n < 2 or n > model.n_batch for n in batch_sizes):
         raise ValueError(f"batch sizes must be 2..{model.n_batch}, got {list(batch_sizes)}")
     ids = model.tokenize(text)
