@@ -666,19 +666,24 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
         report.data["profile"] = {"returncode": rc, "error": text[-2000:]}
     report.save()
 
-    # What the invariance costs: the target's t(n) as llama.cpp ships it (its own cache, so the
-    # bench below still reads the profile above).
-    if not dry and not clock.out_of_time(40):
-        stock_env = dict(env, GGML_CUDA_BATCH_INVARIANT="0", EDGE_SPEC_CACHE=str(work / "stock"))
-        stock_args = ["-m", str(target), "--no-draft", "--refresh", "--json", "--full"]
-        cmd = cli(python, "profile", *stock_args)
-        rc, stdout, text = child(stock_env, logs, "profile_stock", cmd, clock.left(90))
-        report.data["profile_stock"] = (
+    def target_curve(name: str, invariant: str, depth: str, limit_s: float) -> None:
+        """The target's t(n) with GGML_CUDA_BATCH_INVARIANT=`invariant`, in a cache of its own
+        (the bench below reads the profile above), as report.data[name]."""
+        curve_env = dict(env, GGML_CUDA_BATCH_INVARIANT=invariant, EDGE_SPEC_CACHE=str(work / name))
+        args = ["-m", str(target), "--no-draft", "--refresh", "--json", depth]
+        rc, stdout, text = child(
+            curve_env, logs, name, cli(python, "profile", *args), clock.left(limit_s)
+        )
+        report.data[name] = (
             {"returncode": 0, "cost_curve": json.loads(stdout)["cost_curve"]}
             if rc == 0
             else {"returncode": rc, "error": text[-2000:]}
         )
         report.save()
+
+    # What the invariance costs: the target's t(n) as llama.cpp ships it.
+    if not dry and not clock.out_of_time(40):
+        target_curve("profile_stock", "0", "--full", 90)
 
     # The quick bench in its chat form (an instruct model), T = 0, on the GPU and then on this
     # machine's CPU cores with the GPU hidden: fewer entries there, where a pass costs more.
@@ -707,17 +712,9 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
 
     # What =2 (mul_mat_q for every batch size, the one-token pass included) costs beside =1 and
     # stock: t(n) with the quick profile, last, where time is left.
-    if not dry and not clock.out_of_time(30):
-        mmq_env = dict(env, GGML_CUDA_BATCH_INVARIANT="2", EDGE_SPEC_CACHE=str(work / "mmq"))
-        mmq_args = ["-m", str(target), "--no-draft", "--refresh", "--json", "--quick"]
-        cmd = cli(python, "profile", *mmq_args)
-        rc, stdout, text = child(mmq_env, logs, "profile_mmq", cmd, clock.left(60))
-        report.data["profile_mmq"] = (
-            {"returncode": 0, "cost_curve": json.loads(stdout)["cost_curve"]}
-            if rc == 0
-            else {"returncode": rc, "error": text[-2000:]}
-        )
-        report.save()
+    # (Dry: the step itself, on this CPU build, where the variable means nothing.)
+    if not clock.out_of_time(30):
+        target_curve("profile_mmq", "2", "--quick", 60)
 
     print(summary(report.data))
     shutil.rmtree(work, ignore_errors=True)

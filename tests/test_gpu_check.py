@@ -111,6 +111,8 @@ def test_dry_run_passes_every_step_on_this_build(packed: Path, tmp_path: Path) -
     assert tests["returncode"] == 0 and tests["tests"] == 1 and tests["failures"] == 0
     curve = report["profile"]["cost_curve"]
     assert len(curve["verify_s"]) >= 8 and all(t > 0 for t in curve["verify_s"])
+    mmq = report["profile_mmq"]["cost_curve"]  # the last step's own run (=2 means nothing here)
+    assert len(mmq["verify_s"]) >= 8 and all(t > 0 for t in mmq["verify_s"])
     bench = report["bench"]["gpu"]["strategies"]
     assert {"target", "none", "auto"} <= set(bench)
     with tarfile.open(out / "check" / "files.tar.gz") as tar:
