@@ -43,6 +43,7 @@ It writes `gpu_check.json` (the report so far, after every step) and `files.tar.
 the profile, the bench results) into --out, so a call cut short still returns what it did.
 
     python3 scripts/gpu_check.py pack                                  # here (about a minute)
+    python3 scripts/gpu_check.py pack --train-head 25                  # with the draft head
     python3 scripts/gpu_check.py run --stage build --out "$OUT"        # call 1 (about 4 min)
     python3 scripts/gpu_check.py run --stage check --out "$OUT" --budget 360  # call 2
     python3 scripts/gpu_check.py run --dry --out /tmp/g                # both, on this CPU build
