@@ -81,15 +81,19 @@ class Numerics:
         }
 
 
-def _alone_rows(model: LlamaModel, ids: Sequence[int]) -> np.ndarray:
-    model.truncate(PREFIX)
-    return np.stack([model.decode([t], [0])[0].copy() for t in ids[PREFIX:]])
+def _alone_rows(model: LlamaModel, ids: Sequence[int], prefix: int = PREFIX) -> np.ndarray:
+    """The logits of ids[prefix:] decoded one at a time after ids[:prefix] (cached)."""
+    model.truncate(prefix)
+    return np.stack([model.decode([t], [0])[0].copy() for t in ids[prefix:]])
 
 
-def _batched_rows(model: LlamaModel, ids: Sequence[int], n: int) -> np.ndarray:
-    model.truncate(PREFIX)
+def _batched_rows(
+    model: LlamaModel, ids: Sequence[int], n: int, prefix: int = PREFIX
+) -> np.ndarray:
+    """The same rows decoded in batches of n."""
+    model.truncate(prefix)
     rows = []
-    for start in range(PREFIX, len(ids), n):
+    for start in range(prefix, len(ids), n):
         chunk = ids[start : start + n]
         rows.append(model.decode(chunk, range(len(chunk))).copy())
     return np.concatenate(rows)
@@ -101,14 +105,12 @@ def _boundary(model: LlamaModel, ids: Sequence[int], n: int) -> BatchDeviation |
     repeated to reach it); None where the context ends before that step."""
     if model.n_ctx < KV_PAD_CELLS + n or model.n_batch < n:
         return None
-    long_ids = list(ids) * (KV_PAD_CELLS // len(ids) + 2)
     start = KV_PAD_CELLS - n // 2
-    tokens = long_ids[start : start + n]
+    window = (list(ids) * (KV_PAD_CELLS // len(ids) + 2))[: start + n]
     model.reset()
-    model.decode(long_ids[:start])
-    alone = np.stack([model.decode([t], [0])[0].copy() for t in tokens])
-    model.truncate(start)
-    return deviation(alone, model.decode(tokens, range(n)).copy(), n)
+    model.decode(window[:start])
+    alone = _alone_rows(model, window, start)
+    return deviation(alone, _batched_rows(model, window, n, start), n)
 
 
 def deviation(alone: np.ndarray, batched: np.ndarray, n: int) -> BatchDeviation:
@@ -170,18 +172,17 @@ def format_numerics(numerics: Numerics) -> str:
         state = CUDA_INVARIANCE.get(numerics.cuda_batch_invariant, "on")
         lines.append(f"CUDA batch invariance (scripts/patches/cuda/): {state}")
     lines.append(" n  rows  max |Δ logit|  max |Δ gap|  greedy moved")
-    for b in numerics.batches:
-        lines.append(
+
+    def row(b: BatchDeviation) -> str:
+        return (
             f"{b.n:>2}  {b.rows:>4}  {b.max_logit_change:>13.4g}  {b.max_gap_change:>11.4g}  "
             f"{b.argmax_moved:>12}"
         )
+
+    lines.extend(row(b) for b in numerics.batches)
     across = numerics.boundary
     if across is not None:
-        lines.append(
-            f"{across.n:>2}  {across.rows:>4}  {across.max_logit_change:>13.4g}  "
-            f"{across.max_gap_change:>11.4g}  {across.argmax_moved:>12}  "
-            f"across the KV view's {KV_PAD_CELLS}-cell step"
-        )
+        lines.append(f"{row(across)}  across the KV view's {KV_PAD_CELLS}-cell step")
     moved = [str(b.n) for b in numerics.batches if b.max_gap_change > 0]
     if across is not None and across.max_gap_change > 0:
         moved.append(f"{across.n} across {KV_PAD_CELLS} cells")
