@@ -174,6 +174,14 @@ def folder_bytes(directory: Path) -> int:
 # --- pack: here -----------------------------------------------------------------------------
 
 
+def find_head(py: Path, model: Path) -> str:
+    """The draft head trained on this machine for this exact file ("" where there is none)."""
+    code = "import sys; from pathlib import Path; from edge_spec.models.heads import find_head\n"
+    code += "print(find_head(Path(sys.argv[1])) or '')"
+    found = subprocess.run([str(py), "-c", code, str(model)], check=True, capture_output=True)
+    return found.stdout.decode().strip()
+
+
 def pack(directory: Path, train_head_minutes: float = 0.0) -> dict:
     bootstrap = load_script("bootstrap")
     version = bootstrap.LLAMA_CPP_VERSION
@@ -222,30 +230,20 @@ def pack(directory: Path, train_head_minutes: float = 0.0) -> dict:
         code = (
             "import sys; from pathlib import Path\n"
             "from edge_spec.models import resolve\n"
-            "from edge_spec.models.heads import find_head\n"
             "from edge_spec.backend.runtime import quantize\n"
             "quantize(resolve(sys.argv[1], progress=False), Path(sys.argv[2]), sys.argv[3], "
             "pure=True)\n"
-            "print(find_head(Path(sys.argv[2])) or '')\n"
         )
-        head = subprocess.run(
-            [str(py), "-c", code, SOURCE_MODEL, str(model), MODEL_FTYPE],
-            check=True,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        quantize = [str(py), "-c", code, SOURCE_MODEL, str(model), MODEL_FTYPE]
+        subprocess.run(quantize, check=True, cwd=ROOT, capture_output=True)
+        head = find_head(py, model)
         if not head and train_head_minutes > 0:
             # The head for this exact file (kept in the model cache under its sha256), so that
             # the check benches it; a rerun resumes.
             log(f"training a draft head for the packed model ({train_head_minutes:g} min)")
             cli_cmd = [str(py), "-m", "edge_spec.cli", "head", "train", "-m", str(model)]
             subprocess.run([*cli_cmd, "--minutes", str(train_head_minutes)], check=True, cwd=ROOT)
-            find = "import sys; from pathlib import Path; from edge_spec.models.heads import "
-            find += "find_head; print(find_head(Path(sys.argv[1])) or '')"
-            head = subprocess.run(
-                [str(py), "-c", find, str(model)], check=True, capture_output=True, text=True
-            ).stdout.strip()
+            head = find_head(py, model)
         digest, size = sha256(model), model.stat().st_size
         packed = Path(tmp) / f"{MODEL_NAME}.gz"  # Q4_0 blocks still shrink by ~8 %
         with open(model, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
