@@ -37,7 +37,8 @@ model, checks its sha256, and runs, each step inside what `--budget` leaves:
    and the target's t(n) with GGML_CUDA_BATCH_INVARIANT=0, what the invariance costs;
 6. the quick bench, side by side in one run: the target alone (twice: the noise floor), the
    default mode, n-gram, the self-draft at fixed k and under the cost policy, the head; on the
-   GPU, then again on the machine's CPU cores with the GPU hidden (a second device class);
+   GPU, then again on the machine's CPU cores with the GPU hidden (a second device class),
+   after their own t(n) (`profile --quick`, kept as profile-cpu.json);
 7. where time is left, the target's t(n) with GGML_CUDA_BATCH_INVARIANT=2 (`--quick`).
 It writes `gpu_check.json` (the report so far, after every step) and `files.tar.gz` (every log,
 the profile, the bench results) into --out, so a call cut short still returns what it did.
@@ -693,8 +694,8 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     }
     bench_args = ["-m", str(target), "-md", draft, "--chat", "--quick", "--temperatures", "0"]
     bench_args += ["--no-progress", "--no-plots"]
-    if dry:  # the steps, not the figures: one category, a few tokens, this CPU once
-        entries = {"gpu": ["auto"]}
+    if dry:  # the steps, not the figures: one category, a few tokens (the "cpu" profile is
+        entries = {"gpu": ["auto"], "cpu": ["auto"]}  # the one above: same key on a CPU build)
         bench_args += ["--categories", "summarization", "--max-tokens", "12"]
     for device, strategies in entries.items():
         if clock.out_of_time(30):
@@ -702,6 +703,8 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
             break
         strategies = strategies + ["head"] if has_head else strategies
         bench_env = dict(env) if device == "gpu" else dict(env, CUDA_VISIBLE_DEVICES="")
+        if device == "cpu":  # the CPU cores' own t(n) (a second device class), which the
+            cpu_profile(bench_env, python, target, draft, logs, report, clock)  # bench reuses
         cmd = cli(python, "bench", *bench_args, "--out", str(logs / f"bench_{device}"))
         rc, _, text = child(
             bench_env, logs, f"bench_{device}", cmd + ["--strategies", *strategies], clock.left(150)
@@ -718,6 +721,27 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     print(summary(report.data))
     shutil.rmtree(work, ignore_errors=True)
     return report.data["tests"]["returncode"] == 0 and report.data["profile"]["returncode"] == 0
+
+
+def cpu_profile(
+    env: dict, python: str, target: Path, draft: str, logs: Path, report: Report, clock: Clock
+) -> None:
+    """`edge-spec profile --quick` of the pair with the GPU hidden: the t(n) of the machine's CPU
+    cores, kept as profile-cpu.json (to bundle beside the GPU's), in the cache the CPU bench
+    then reads, so the bench measures no profile of its own."""
+    args = ["-m", str(target), "-md", draft, "--json", "--quick"]
+    rc, stdout, text = child(env, logs, "profile_cpu", cli(python, "profile", *args), clock.left(90))
+    if rc == 0:
+        measured = json.loads(stdout)
+        shutil.copy(measured["path"], logs / "profile-cpu.json")
+        report.data["profile_cpu"] = {
+            "returncode": 0,
+            "cost_curve": measured["cost_curve"],
+            "host": measured["profile"].get("host"),
+        }
+    else:
+        report.data["profile_cpu"] = {"returncode": rc, "error": text[-2000:]}
+    report.save()
 
 
 def bench_summary(directory: Path, rc: int, text: str) -> dict:
@@ -792,7 +816,7 @@ def summary(data: dict) -> str:
             f"  greedy {item['mode']}: {item['diverged']} of {item['prompts']} diverged, "
             f"drafted {item['drafted']}, accepted {item['accepted']}"
         )
-    for key in ("profile", "profile_stock", "profile_mmq"):
+    for key in ("profile", "profile_stock", "profile_mmq", "profile_cpu"):
         if key in data:
             curve = data[key].get("cost_curve")
             lines.append(f"{key}: " + (json.dumps(curve) if curve else "failed"))

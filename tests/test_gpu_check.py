@@ -113,11 +113,14 @@ def test_dry_run_passes_every_step_on_this_build(packed: Path, tmp_path: Path) -
     assert len(curve["verify_s"]) >= 8 and all(t > 0 for t in curve["verify_s"])
     mmq = report["profile_mmq"]["cost_curve"]  # the last step's own run (=2 means nothing here)
     assert len(mmq["verify_s"]) >= 8 and all(t > 0 for t in mmq["verify_s"])
-    bench = report["bench"]["gpu"]["strategies"]
-    assert {"target", "none", "auto"} <= set(bench)
+    for device in ("gpu", "cpu"):  # on a CPU build both are this CPU
+        assert {"target", "none", "auto"} <= set(report["bench"][device]["strategies"])
+    # the CPU cores' own profile, which the CPU bench reused (here: the same key as above)
+    assert report["profile_cpu"]["cost_curve"] == curve
     with tarfile.open(out / "check" / "files.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {"files/profile.json", "files/tests.log", "files/bench_gpu/results.json"} <= names
+    expected = {"files/profile.json", "files/profile-cpu.json", "files/tests.log"}
+    assert expected | {"files/bench_gpu/results.json", "files/bench_cpu/results.json"} <= names
 
 
 def test_exactness_reports_are_read_from_the_test_log_and_quotes_are_not() -> None:
