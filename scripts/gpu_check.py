@@ -571,12 +571,13 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     facts = (
         "import json, sys, llama_cpp; from pathlib import Path\n"
         "from edge_spec.backend.runtime import (cuda_batch_invariant, exported_std_symbols,\n"
-        "    llama_library_paths)\n"
+        "    llama_library_paths, supports_gpu_offload)\n"
         "from edge_spec.models.layer_subset import write_layer_subset\n"
         "layers = [int(x) for x in sys.argv[3].split(',')]\n"
         "write_layer_subset(Path(sys.argv[1]), Path(sys.argv[2]), layers)\n"
         "print(json.dumps({'draft_layers': layers,\n"
-        "  'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
+        # a GPU device, not llama_supports_gpu_offload(): that says yes for any RPC build
+        "  'gpu_offload': supports_gpu_offload(),\n"
         "  'system_info': llama_cpp.llama_print_system_info().decode(),\n"
         "  'cuda_batch_invariant': cuda_batch_invariant(),\n"
         "  'std_exports': {p.name: exported_std_symbols(p) for p in llama_library_paths()\n"
