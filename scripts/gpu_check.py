@@ -26,8 +26,8 @@ model, checks its sha256, and runs, each step inside what `--budget` leaves:
    this model here), whether the build offloads, and the C++ standard-library symbols each
    library exports;
 2. loads in fresh processes: edge_spec alone; numpy first; numpy, onnxruntime and other C++
-   extension modules (pyarrow, torch with its own CUDA runtime) first; llama-cpp-python's own;
-   each must decode with every layer offloaded;
+   extension modules (matplotlib's ft2font, pyarrow, torch with its own CUDA runtime) first;
+   llama-cpp-python's own; each must decode with every layer offloaded;
 3. the batch deviation per batch size (`edge-spec profile --deviation`): offloaded as edge_spec
    runs it (GGML_CUDA_BATCH_INVARIANT=1, scripts/patches/cuda/), offloaded as llama.cpp ships
    (=0), with =2 (quantized weights through mul_mat_q at one tile width, every batch size),
@@ -88,8 +88,9 @@ TESTS = "tests/test_engine_real.py"
 # Searching again on the lent machine would cost minutes of its time; the draft's cost there is
 # measured (profile, bench).
 SELF_DRAFT_LAYERS = (0, 1, 2, 3, *range(8, 30))
-# Extension modules a user's app may have loaded before edge_spec, where the machine has them.
-FIRST_IMPORTS = ("numpy", "onnxruntime", "pyarrow", "torch")
+# Extension modules a user's app may have loaded before edge_spec, where the machine has them:
+# matplotlib's FreeType wrapper is a C++ (pybind11) one every edge_spec install has (bench plots).
+FIRST_IMPORTS = ("numpy", "onnxruntime", "matplotlib.ft2font", "pyarrow", "torch")
 
 # Inside vendor/llama.cpp: what a library build reads. Everything else (models 75 MB, docs
 # 38 MB, tools, tests, examples, benches, conversion scripts) stays behind.
