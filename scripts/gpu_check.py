@@ -651,22 +651,29 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     report.data["tests"]["exactness"] = exactness_reports(text)
     report.save()
 
-    profile_args = ["-m", str(target), "-md", draft, "--refresh", "--json"]
-    profile_args.append("--quick" if dry else "--full")  # the bench below reuses it
-    rc, stdout, text = child(
-        env, logs, "profile", cli(python, "profile", *profile_args), clock.left(120)
-    )
-    if rc == 0:
-        measured = json.loads(stdout)
-        shutil.copy(measured["path"], logs / "profile.json")
-        report.data["profile"] = {
-            "returncode": 0,
-            "cost_curve": measured["cost_curve"],
-            "host": measured["profile"].get("host"),
-        }
-    else:
-        report.data["profile"] = {"returncode": rc, "error": text[-2000:]}
-    report.save()
+    def pair_profile(
+        profile_env: dict, name: str, keep_as: str, args: list[str], limit_s: float
+    ) -> None:
+        """`edge-spec profile` of the target and its self-draft under `profile_env`, its file
+        kept as logs/`keep_as` (to be bundled), its curve as report.data[name]; in the shared
+        cache, so that a bench under the same environment reuses it."""
+        args = ["-m", str(target), "-md", draft, "--json", *args]
+        rc, stdout, text = child(profile_env, logs, name, cli(python, "profile", *args), limit_s)
+        if rc == 0:
+            measured = json.loads(stdout)
+            shutil.copy(measured["path"], logs / keep_as)
+            report.data[name] = {
+                "returncode": 0,
+                "cost_curve": measured["cost_curve"],
+                "host": measured["profile"].get("host"),
+            }
+        else:
+            report.data[name] = {"returncode": rc, "error": text[-2000:]}
+        report.save()
+
+    # the GPU's t(n) with the self-draft, kept as profile.json; the bench below reuses it
+    full = "--quick" if dry else "--full"
+    pair_profile(env, "profile", "profile.json", [full, "--refresh"], clock.left(120))
 
     def target_curve(name: str, invariant: str, depth: str, limit_s: float) -> None:
         """The target's t(n) with GGML_CUDA_BATCH_INVARIANT=`invariant`, in a cache of its own
@@ -705,8 +712,8 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
             break
         strategies = strategies + ["head"] if has_head else strategies
         bench_env = dict(env) if device == "gpu" else dict(env, CUDA_VISIBLE_DEVICES="")
-        if device == "cpu":  # the CPU cores' own t(n) (a second device class), which the
-            cpu_profile(bench_env, python, target, draft, logs, report, clock)  # bench reuses
+        if device == "cpu":  # the CPU cores' own t(n), a second device class (the bench reuses it)
+            pair_profile(bench_env, "profile_cpu", "profile-cpu.json", ["--quick"], clock.left(90))
         cmd = cli(python, "bench", *bench_args, "--out", str(logs / f"bench_{device}"))
         rc, _, text = child(
             bench_env, logs, f"bench_{device}", cmd + ["--strategies", *strategies], clock.left(150)
@@ -723,27 +730,6 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     print(summary(report.data))
     shutil.rmtree(work, ignore_errors=True)
     return report.data["tests"]["returncode"] == 0 and report.data["profile"]["returncode"] == 0
-
-
-def cpu_profile(
-    env: dict, python: str, target: Path, draft: str, logs: Path, report: Report, clock: Clock
-) -> None:
-    """`edge-spec profile --quick` of the pair with the GPU hidden: the t(n) of the machine's CPU
-    cores, kept as profile-cpu.json (to bundle beside the GPU's), in the cache the CPU bench
-    then reads, so the bench measures no profile of its own."""
-    args = ["-m", str(target), "-md", draft, "--json", "--quick"]
-    rc, stdout, text = child(env, logs, "profile_cpu", cli(python, "profile", *args), clock.left(90))
-    if rc == 0:
-        measured = json.loads(stdout)
-        shutil.copy(measured["path"], logs / "profile-cpu.json")
-        report.data["profile_cpu"] = {
-            "returncode": 0,
-            "cost_curve": measured["cost_curve"],
-            "host": measured["profile"].get("host"),
-        }
-    else:
-        report.data["profile_cpu"] = {"returncode": rc, "error": text[-2000:]}
-    report.save()
 
 
 def bench_summary(directory: Path, rc: int, text: str) -> dict:
