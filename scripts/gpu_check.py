@@ -651,44 +651,35 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     report.data["tests"]["exactness"] = exactness_reports(text)
     report.save()
 
-    def pair_profile(
-        profile_env: dict, name: str, keep_as: str, args: list[str], limit_s: float
+    def profile_step(
+        name: str, profile_env: dict, args: list[str], limit_s: float, keep_as: str = ""
     ) -> None:
-        """`edge-spec profile` of the target and its self-draft under `profile_env`, its file
-        kept as logs/`keep_as` (to be bundled), its curve as report.data[name]; in the shared
-        cache, so that a bench under the same environment reuses it."""
-        args = ["-m", str(target), "-md", draft, "--json", *args]
-        rc, stdout, text = child(profile_env, logs, name, cli(python, "profile", *args), limit_s)
-        if rc == 0:
+        """`edge-spec profile -m <target> --json <args>` under `profile_env`: its curve as
+        report.data[name], its file kept as logs/`keep_as` (to be bundled) where named."""
+        cmd = cli(python, "profile", "-m", str(target), "--json", *args)
+        rc, stdout, text = child(profile_env, logs, name, cmd, clock.left(limit_s))
+        if rc != 0:
+            report.data[name] = {"returncode": rc, "error": text[-2000:]}
+        else:
             measured = json.loads(stdout)
-            shutil.copy(measured["path"], logs / keep_as)
             report.data[name] = {
                 "returncode": 0,
                 "cost_curve": measured["cost_curve"],
                 "host": measured["profile"].get("host"),
             }
-        else:
-            report.data[name] = {"returncode": rc, "error": text[-2000:]}
+            if keep_as:
+                shutil.copy(measured["path"], logs / keep_as)
         report.save()
 
-    # the GPU's t(n) with the self-draft, kept as profile.json; the bench below reuses it
+    # The GPU's t(n) with the self-draft, kept as profile.json; the bench below reuses it.
     full = "--quick" if dry else "--full"
-    pair_profile(env, "profile", "profile.json", [full, "--refresh"], clock.left(120))
+    profile_step("profile", env, ["-md", draft, full, "--refresh"], 120, "profile.json")
 
     def target_curve(name: str, invariant: str, depth: str, limit_s: float) -> None:
         """The target's t(n) with GGML_CUDA_BATCH_INVARIANT=`invariant`, in a cache of its own
         (the bench below reads the profile above), as report.data[name]."""
         curve_env = dict(env, GGML_CUDA_BATCH_INVARIANT=invariant, EDGE_SPEC_CACHE=str(work / name))
-        args = ["-m", str(target), "--no-draft", "--refresh", "--json", depth]
-        rc, stdout, text = child(
-            curve_env, logs, name, cli(python, "profile", *args), clock.left(limit_s)
-        )
-        report.data[name] = (
-            {"returncode": 0, "cost_curve": json.loads(stdout)["cost_curve"]}
-            if rc == 0
-            else {"returncode": rc, "error": text[-2000:]}
-        )
-        report.save()
+        profile_step(name, curve_env, ["--no-draft", "--refresh", depth], limit_s)
 
     # What the invariance costs: the target's t(n) as llama.cpp ships it.
     if not dry and not clock.out_of_time(40):
@@ -703,8 +694,9 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
     }
     bench_args = ["-m", str(target), "-md", draft, "--chat", "--quick", "--temperatures", "0"]
     bench_args += ["--no-progress", "--no-plots"]
-    if dry:  # the steps, not the figures: one category, a few tokens (the "cpu" profile is
-        entries = {"gpu": ["auto"], "cpu": ["auto"]}  # the one above: same key on a CPU build)
+    if dry:  # the steps, not the figures: one category, a few tokens; on a CPU build the "cpu"
+        # entry's profile has the key of the one above, so it is reused, not measured again
+        entries = {"gpu": ["auto"], "cpu": ["auto"]}
         bench_args += ["--categories", "summarization", "--max-tokens", "12"]
     for device, strategies in entries.items():
         if clock.out_of_time(30):
@@ -712,8 +704,9 @@ def stage_check(part: Path, state: Path, report: Report, dry: bool, clock: Clock
             break
         strategies = strategies + ["head"] if has_head else strategies
         bench_env = dict(env) if device == "gpu" else dict(env, CUDA_VISIBLE_DEVICES="")
-        if device == "cpu":  # the CPU cores' own t(n), a second device class (the bench reuses it)
-            pair_profile(bench_env, "profile_cpu", "profile-cpu.json", ["--quick"], clock.left(90))
+        if device == "cpu":  # the CPU cores' own t(n), a second device class, in the cache
+            args = ["-md", draft, "--quick"]  # the CPU bench then reads
+            profile_step("profile_cpu", bench_env, args, 90, "profile-cpu.json")
         cmd = cli(python, "bench", *bench_args, "--out", str(logs / f"bench_{device}"))
         rc, _, text = child(
             bench_env, logs, f"bench_{device}", cmd + ["--strategies", *strategies], clock.left(150)
@@ -851,7 +844,8 @@ def main() -> None:
         default=0.0,
         metavar="MINUTES",
         help="where this machine has no draft head for the packed model, train one first "
-        "(`edge-spec head train`, this wall-time budget; 25 gave 0.50 first-token acceptance)",
+        "(`edge-spec head train`, this wall-time budget; 25 gave 0.50 and 0.56 first-token "
+        "acceptance held out)",
     )
     r = sub.add_parser("run", help="build with CUDA, test, profile, bench (on the GPU machine)")
     r.add_argument("--dir", type=Path, default=DEFAULT_DIR)
