@@ -68,3 +68,11 @@ def test_loops_and_ranges_of_a_real_template_still_work() -> None:
         "{% if not loop.last %}{{ '-' * 3 }}{% endif %}{% endfor %}|{{ ns.n }}"
     )
     assert render_chat(template, MESSAGES, **TOKENS) == "system:Be brief.---user:Hi!|2"
+
+
+def test_a_developer_message_renders_as_the_system_message() -> None:
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    for template in BUILTIN_TEMPLATES.values():
+        assert render_chat(template, developer, **TOKENS) == render_chat(
+            template, MESSAGES, **TOKENS
+        )

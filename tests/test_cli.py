@@ -79,10 +79,20 @@ def _assert_user_error(out: subprocess.CompletedProcess[str], needle: str) -> No
         (["--k", "four"], "invalid int"),
         (["--threads", "0"], "n_threads"),
         (["--ctx-size", "4"], "n_ctx"),
+        (["--seed", "-2"], "seed must"),
+        (["--seed", "one"], "invalid seed value"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
     _assert_user_error(edge_spec("generate", "Hello", *args), needle)
+
+
+def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp() -> None:
+    from edge_spec.cli.main import build_parser
+
+    args = build_parser().parse_args(["generate", "--seed", "-1", "Hello"])
+    assert args.seed is None
+    assert build_parser().parse_args(["generate", "--seed", "7", "Hello"]).seed == 7
 
 
 def test_bad_files_exit_2_with_one_line(

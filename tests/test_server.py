@@ -168,6 +168,22 @@ def test_bad_chat_messages(messages: Any) -> None:
         )
 
 
+def test_a_developer_message_is_a_system_message() -> None:
+    """OpenAI's newer clients send the app's instructions as role "developer" (llama.cpp maps it
+    to "system" too)."""
+    parsed = parse_chat(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
+        },
+        LIMITS,
+    )
+    assert [m["role"] for m in parsed.messages] == ["system", "user"]
+
+
 # ---- response shapes -------------------------------------------------------------------------
 
 

@@ -169,7 +169,21 @@ def add_sampling_arguments(
     parser.add_argument("--top-k", type=int, default=top_k)
     parser.add_argument("--top-p", type=float, default=top_p)
     parser.add_argument("--min-p", type=float, default=min_p)
-    parser.add_argument("--seed", type=int, default=None, help="the same seed, the same text")
+    parser.add_argument(
+        "--seed",
+        type=_seed,
+        default=None,
+        help="the same seed, the same text (-1 or none given: a random one, as in llama.cpp)",
+    )
+
+
+def _seed(text: str) -> int | None:
+    """llama.cpp's -1 means a random seed, as no seed does here."""
+    seed = int(text)
+    return None if seed == -1 else seed
+
+
+_seed.__name__ = "seed"
 
 
 def add_structured_arguments(parser: argparse.ArgumentParser) -> None:

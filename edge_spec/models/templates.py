@@ -20,6 +20,9 @@ from typing import Any
 from edge_spec.errors import InvalidRequestError
 
 ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's newer clients send the app's instructions as "developer"; templates know "system"
+# (llama.cpp maps it the same way, PR 20215).
+ROLE_ALIASES = {"developer": "system"}
 
 # llama.cpp's fallback (common/chat.cpp, CHATML_TEMPLATE_SRC), for a model with no template.
 CHATML = (
@@ -112,6 +115,7 @@ def render_chat(
         if not isinstance(message, Mapping):
             raise InvalidRequestError(f"message {i} is not an object")
         role, content = message.get("role"), message.get("content")
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise InvalidRequestError(f"message {i} has unknown role {role!r}")
         if content is None and message.get("tool_calls"):

@@ -15,7 +15,7 @@ from typing import Any
 from edge_spec.api import GenerationConfig
 from edge_spec.constrain.spec import Constraint, parse_tool_choice, parse_tools
 from edge_spec.errors import InvalidRequestError
-from edge_spec.models.templates import ROLES
+from edge_spec.models.templates import ROLE_ALIASES, ROLES
 from edge_spec.sampling.transform import SamplingParams
 
 MAX_STOP_STRINGS = 16
@@ -191,8 +191,10 @@ def _message(i: int, message: object) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         raise bad(f"{param} must be an object", param)
     role, content = message.get("role"), message.get("content")
+    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
     if role not in ROLES:
-        raise bad(f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}", param)
+        names = ", ".join((*ROLES, *ROLE_ALIASES))
+        raise bad(f"{param}.role must be one of {names}, got {role!r}", param)
     allowed = {"role", "content", "name"}
     allowed |= {"tool_calls", "refusal"} if role == "assistant" else set()
     allowed |= {"tool_call_id"} if role == "tool" else set()
