@@ -3,8 +3,9 @@
 Pure parts first (request validation, response shapes checked against the openai package's own
 types, the Prometheus text, the worker's queue with a scripted stand-in for EdgeSpec), then a
 real `edge-spec serve` process on 127.0.0.1 with the SmolLM2 pair, driven by the official openai
-client: both endpoints with and without streaming, 8 concurrent clients x 25 requests against
-the same requests run one after another, a disconnect in mid-stream, errors, and authentication.
+client: every endpoint (completions, chat, responses) with and without streaming, 8 concurrent
+clients x 25 requests against the same requests run one after another, a disconnect in
+mid-stream, errors, and authentication.
 """
 
 from __future__ import annotations
@@ -1076,6 +1077,11 @@ _FIELDS = (
     "logprobs",
     "prompt_cache_key",
     "stream_options",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "text",
+    "tools",
 )
 
 
@@ -1084,7 +1090,7 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     """A route and a body: a JSON object whose fields hold anything (valid values, wrong types,
     huge and negative numbers, control characters, NUL, deep nesting), or raw bytes that are
     not valid UTF-8 or not JSON at all."""
-    route = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+    route = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/responses"]))
     kind = draw(st.sampled_from(["fields", "fields", "fields", "raw", "deep"]))
     if kind == "raw":
         return route, draw(st.binary(max_size=200))
@@ -1094,13 +1100,18 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     body: dict[str, Any] = {"model": draw(st.sampled_from([MODEL_ALIAS, "", "x\x00y"]))}
     for name in draw(st.lists(st.sampled_from(_FIELDS), max_size=6, unique=True)):
         body[name] = draw(_WEIRD)
+    responses = route == "/v1/responses"
     if draw(st.booleans()):  # a well-formed core, so that the generation path is reached too
-        body.setdefault("prompt", draw(_WEIRD_TEXT) or "Hi")
-        body.setdefault("messages", [{"role": "user", "content": draw(_WEIRD_TEXT) or "Hi"}])
+        if responses:
+            body.setdefault("input", draw(_WEIRD_TEXT) or "Hi")
+        else:
+            body.setdefault("prompt", draw(_WEIRD_TEXT) or "Hi")
+            body.setdefault("messages", [{"role": "user", "content": draw(_WEIRD_TEXT) or "Hi"}])
     # Valid requests must stay short: generation is real.
-    if isinstance(body.get("max_tokens"), int) and 0 < body["max_tokens"] <= 600:
-        body["max_tokens"] = min(body["max_tokens"], 3)
-    body.setdefault("max_tokens", 2)
+    limit = "max_output_tokens" if responses else "max_tokens"
+    if isinstance(body.get(limit), int) and 0 < body[limit] <= 600:
+        body[limit] = min(body[limit], 3)
+    body.setdefault(limit, 2)
     raw = json.dumps(body, allow_nan=True).encode()
     if draw(st.booleans()):  # invalid UTF-8 inside a string
         raw = raw.replace(b'"Hi"', b'"H\xff\xfei"', 1)
@@ -1183,6 +1194,63 @@ def test_schema_answers_are_valid_and_the_same_with_speculation_on_and_off(
             assert stats["constraint_complete"] is True
         assert texts[0] == texts[1]
         assert stats["accepted_by_source"] == {}  # speculation off: nothing drafted
+
+
+@models
+def test_the_responses_api_through_the_openai_client(server: LiveServer) -> None:
+    """client.responses: the answer is the chat completion's (same conversation, greedy),
+    streamed as typed events adding up to it; a required call comes back as a function_call
+    item whose output, sent back as input, gets an answer; text.format constrains."""
+    client = server.client()
+    ask = "Say 'The quick brown fox jumps over the lazy dog.' exactly."
+    options: dict[str, Any] = dict(model=MODEL_ALIAS, temperature=0)
+    done = client.responses.create(
+        input=ask, instructions="You are terse.", max_output_tokens=24, **options
+    )
+    chat = client.chat.completions.create(
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": ask},
+        ],
+        max_tokens=24,
+        **options,
+    )
+    assert done.output_text == chat.choices[0].message.content and done.output_text
+    assert done.usage is not None and done.usage.input_tokens == chat.usage.prompt_tokens
+    assert done.model_extra["edge_spec"]["n_drafted"] > 0
+    events = list(
+        client.responses.create(
+            input=ask, instructions="You are terse.", max_output_tokens=24, stream=True, **options
+        )
+    )
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == done.output_text
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.output_text == done.output_text
+
+    weather = {"type": "function", **WEATHER_TOOL["function"]}
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = client.responses.create(
+        input=asked, tools=[weather], tool_choice="required", max_output_tokens=48, **options
+    )
+    calls = [item for item in called.output if item.type == "function_call"]
+    assert [c.name for c in calls] == ["get_weather"]
+    assert "city" in json.loads(calls[0].arguments)
+    replay = [item.model_dump(exclude_none=True) for item in called.output]
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}
+    answer = client.responses.create(
+        input=[*asked, *replay, result], tools=[weather], max_output_tokens=24, **options
+    )
+    assert answer.status in ("completed", "incomplete") and answer.output
+
+    fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON_SCHEMA}}
+    person = client.responses.create(
+        input="Alice Martin is 34.", text=fmt, max_output_tokens=48, **options
+    )
+    assert set(json.loads(person.output_text)) == {"name", "age"}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(input=ask, previous_response_id="resp_1", **options)
+    assert err.value.body["param"] == "previous_response_id"
 
 
 @models

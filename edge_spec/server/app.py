@@ -1,6 +1,6 @@
-"""The FastAPI app: OpenAI's /v1/models, /v1/completions and /v1/chat/completions (JSON or SSE),
-plus /health and /metrics. One worker thread owns the models (see worker.py); handlers only parse,
-queue, wait and format."""
+"""The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses
+(JSON or SSE), plus /health and /metrics. One worker thread owns the models (see worker.py);
+handlers only parse, queue, wait and format."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from edge_spec.server.metrics import (
     RequestMetricsMiddleware,
     ServerMetrics,
 )
+from edge_spec.server.responses_api import ResponseShape, parse_responses
 from edge_spec.server.schemas import (
     APIError,
     ParsedRequest,
@@ -169,16 +171,32 @@ def create_app(
         body = await _read_json(request, config.max_request_bytes)
         return await _serve(request, worker, config, parse_chat(body, config.limits))
 
+    @secured.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        body = await _read_json(request, config.max_request_bytes)
+        req, echo = parse_responses(body, config.limits)
+        env = out.Envelope(chat=True, model=req.model, id=f"resp_{uuid.uuid4().hex}")
+        shape = ResponseShape(env, echo, tools=req.config.tool_mode != "none")
+        return await _serve(request, worker, config, req, shape)
+
     app.include_router(secured)
     return app
 
 
 async def _serve(
-    request: Request, worker: Worker, config: ServerConfig, req: ParsedRequest
+    request: Request,
+    worker: Worker,
+    config: ServerConfig,
+    req: ParsedRequest,
+    shape: out.Shape | None = None,
 ) -> Response:
     """Queue the generation, wait for its first event (errors found at the start, such as a
-    prompt longer than the context, still get their HTTP status), then answer JSON or SSE."""
+    prompt longer than the context, still get their HTTP status), then answer JSON or SSE in
+    the request's shape (chat or completion by default)."""
     _check_model(config, req.model)
+    if shape is None:
+        env = out.Envelope(chat=req.messages is not None, model=req.model)
+        shape = out.ChatShape(env, req.include_usage, tools=req.config.tool_mode != "none")
     if req.config.session is not None:  # a conversation: within the caller's key only
         scope = getattr(request.state, "session_scope", "open")
         req = replace(
@@ -207,14 +225,12 @@ async def _serve(
         ) from None
     except UnavailableError as exc:
         raise _api_error(exc) from None
-    env = out.Envelope(chat=req.messages is not None, model=req.model)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         event = await _first_event(job, config.queue_timeout_s)
         if req.stream and event[0] == "delta":
             watcher.cancel()  # from here on the SSE response watches the connection
-            gate = out.ContentGate() if req.config.tool_mode != "none" else None
-            sse = _sse(job, event, env, req.include_usage, gate)
+            sse = _sse(job, event, shape.events(), shape.param)
             return EventSourceResponse(sse, sep="\n", ping=15)
         while event[0] == "delta" and event[1].result is None:
             event = await job.events.get()
@@ -225,10 +241,10 @@ async def _serve(
         watcher.cancel()
     kind, payload = event
     if kind == "delta":
-        return JSONResponse(out.full_body(env, payload.result))
+        return JSONResponse(shape.body(payload.result))
     if kind == "cancelled":
         return Response(status_code=CLIENT_CLOSED)  # nobody is listening; counted as such
-    raise _api_error(payload, chat=req.messages is not None)
+    raise _api_error(payload, shape.param)
 
 
 async def _first_event(job: Job, timeout_s: float | None) -> tuple[str, Any]:
@@ -256,37 +272,30 @@ def scoped_session(scope: str, session: str) -> str:
 
 
 async def _sse(
-    job: Job,
-    first: tuple[str, Any],
-    env: out.Envelope,
-    include_usage: bool,
-    gate: out.ContentGate | None = None,
-) -> AsyncIterator[str]:
-    """The chunks of one streamed response. Cancelled by sse-starlette when the client goes away;
-    the finally block then tells the worker to stop after the current step."""
+    job: Job, first: tuple[str, Any], events: out.Events, param: str
+) -> AsyncIterator[Any]:
+    """The events of one streamed response, in its shape's format. Cancelled by sse-starlette
+    when the client goes away; the finally block then tells the worker to stop after the
+    current step."""
     finished = False
     try:
-        opening = out.first_chunk(env)
-        if opening is not None:
-            yield json.dumps(opening)
+        for event in events.opening():
+            yield event
         kind, payload = first
         while True:
             if kind == "cancelled":
                 return
             if kind == "error":  # after the first event: the status line has gone already
-                yield json.dumps(_api_error(payload, env.chat).body())
+                for event in events.error(_api_error(payload, param).body()):
+                    yield event
                 return
-            text = payload.text if gate is None else gate.feed(payload.text)
             if payload.result is not None:
-                if gate is not None:
-                    text += gate.rest(bool(payload.result.tool_calls))
-                for chunk in out.final_chunks(env, text, payload.result, include_usage):
-                    yield json.dumps(chunk)
-                yield "[DONE]"
+                for event in events.final(payload.text, payload.result):
+                    yield event
                 finished = True
                 return
-            if text:
-                yield json.dumps(out.text_chunk(env, text))
+            for event in events.delta(payload.text):
+                yield event
             kind, payload = await job.events.get()
     finally:
         if not finished:
@@ -344,11 +353,11 @@ async def _read_json(request: Request, limit_bytes: int) -> Any:
         ) from None
 
 
-def _api_error(exc: BaseException, chat: bool = False) -> APIError:
+def _api_error(exc: BaseException, param: str | None = None) -> APIError:
+    """`param`: what a prompt too long for the context is blamed on."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ContextOverflowError):
-        param = "messages" if chat else "prompt"
         return APIError(413, str(exc), param=param, code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), code="invalid_value")

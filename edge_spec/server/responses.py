@@ -3,10 +3,11 @@ carries each response's speculative statistics."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from edge_spec.api import GenerationResult
 from edge_spec.constrain.tools import GEMMA, HERMES
@@ -128,6 +129,72 @@ def final_chunks(env: Envelope, tail: str, result: GenerationResult, include_usa
     if not include_usage:
         return [*calls, last]
     return [*calls, last, {**env.head(True), "choices": [], "usage": usage(result)}]
+
+
+class Events(Protocol):
+    """One streamed response's server-sent events, each a data string or an {event, data}
+    mapping (sse-starlette's forms), made as the generation goes."""
+
+    def opening(self) -> list[Any]: ...
+    def delta(self, text: str) -> list[Any]: ...
+    def final(self, text: str, result: GenerationResult) -> list[Any]: ...
+    def error(self, body: dict[str, Any]) -> list[Any]: ...
+
+
+class Shape(Protocol):
+    """How one API answers a generation: a JSON body, or a stream of Events."""
+
+    @property
+    def param(self) -> str: ...
+    def body(self, result: GenerationResult) -> dict[str, Any]: ...
+    def events(self) -> Events: ...
+
+
+@dataclass(frozen=True)
+class ChatShape:
+    """How a chat or completion request is answered: its JSON body, or its stream's events.
+    `param` names what a prompt too long for the context is blamed on."""
+
+    env: Envelope
+    include_usage: bool = False
+    tools: bool = False
+
+    @property
+    def param(self) -> str:
+        return "messages" if self.env.chat else "prompt"
+
+    def body(self, result: GenerationResult) -> dict[str, Any]:
+        return full_body(self.env, result)
+
+    def events(self) -> ChatEvents:
+        return ChatEvents(self.env, self.include_usage, self.tools)
+
+
+class ChatEvents:
+    """The server-sent events of one streamed chat or completion: the opening chunk, text chunks
+    as the answer is verified (held back by a ContentGate where tool calls may begin), the
+    final chunks, then [DONE]; or an error's body."""
+
+    def __init__(self, env: Envelope, include_usage: bool, tools: bool) -> None:
+        self.env, self.include_usage = env, include_usage
+        self.gate = ContentGate() if tools else None
+
+    def opening(self) -> list[str]:
+        first = first_chunk(self.env)
+        return [] if first is None else [json.dumps(first)]
+
+    def delta(self, text: str) -> list[str]:
+        text = text if self.gate is None else self.gate.feed(text)
+        return [json.dumps(text_chunk(self.env, text))] if text else []
+
+    def final(self, text: str, result: GenerationResult) -> list[str]:
+        if self.gate is not None:
+            text = self.gate.feed(text) + self.gate.rest(bool(result.tool_calls))
+        chunks = final_chunks(self.env, text, result, self.include_usage)
+        return [*(json.dumps(chunk) for chunk in chunks), "[DONE]"]
+
+    def error(self, body: dict[str, Any]) -> list[str]:
+        return [json.dumps(body)]
 
 
 class ContentGate:
