@@ -338,6 +338,33 @@ def test_fuzzed_tool_definitions_are_taken_or_refused_with_one_error(
 
 
 @pytest.mark.models
+def test_a_keyword_llguidance_cannot_enforce_is_ignored_unless_strict(tokenizer, caplog) -> None:
+    """A schema from pydantic's set[str] (uniqueItems) works as in llama.cpp, the keyword
+    ignored with a warning; strict (OpenAI's response_format or a tool's) refuses it."""
+    from edge_spec.constrain.grammars import compile_grammar, tool_grammar
+
+    tags = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    schema = {"type": "object", "properties": {"tags": tags}, "required": ["tags"]}
+    for strict in (False, True):
+        fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+        fmt["json_schema"]["strict"] = strict
+        constraint = Constraint.from_response_format(fmt)
+        assert constraint is not None and constraint.strict is strict
+        tool = {"name": "tag", "parameters": schema, "strict": strict}
+        tools = parse_tools([tool])
+        if strict:
+            with pytest.raises(InvalidRequestError, match="uniqueItems"):
+                compile_grammar(constraint, tokenizer)
+            with pytest.raises(InvalidRequestError, match="uniqueItems"):
+                tool_grammar(tools, ToolChoice("required"), HERMES, tokenizer)
+        else:
+            with caplog.at_level("WARNING", logger="edge_spec.constrain.grammars"):
+                assert compile_grammar(constraint, tokenizer)
+            assert "uniqueItems" in caplog.text
+            assert tool_grammar(tools, ToolChoice("required"), HERMES, tokenizer)
+
+
+@pytest.mark.models
 def test_a_pathological_schema_is_refused_within_the_parser_limits(tokenizer) -> None:
     from edge_spec.constrain.grammars import compile_grammar
 

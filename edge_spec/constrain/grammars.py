@@ -8,6 +8,7 @@ parser limits that bound what a pathological schema or grammar can cost."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -19,6 +20,8 @@ from edge_spec.errors import InvalidRequestError
 # ','), one way only, so the punctuation between values is forced text the grammar drafts.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 64
+
+log = logging.getLogger(__name__)
 
 
 def limits() -> Any:
@@ -81,7 +84,8 @@ def _grammar_text(constraint: Constraint) -> str:
     try:
         if constraint.kind in ("json_schema", "json_object"):
             return LLMatcher.grammar_from_json_schema(
-                json.loads(constraint.source), defaults=JSON_OPTIONS
+                json.loads(constraint.source),
+                defaults={**JSON_OPTIONS, "lenient": not constraint.strict},
             )
         if constraint.kind == "regex":
             return LLMatcher.grammar_from_regex(constraint.source)
@@ -99,6 +103,8 @@ def _checked(grammar: str, tokenizer: Any, what: str) -> str:
     )
     if is_error:
         raise InvalidRequestError(f"invalid {what}: {_short(messages[0] if messages else '?')}")
+    for message in messages:  # e.g. a keyword it cannot enforce, ignored (not strict)
+        log.warning("%s: %s", what, _short(message))
     return grammar
 
 

@@ -29,9 +29,13 @@ class Constraint:
     kind: ConstraintKind
     source: str
     name: str = ""  # the schema's name (response_format.json_schema.name)
+    # A schema keyword llguidance cannot enforce (uniqueItems, ...): refused when strict (as
+    # OpenAI's strict mode refuses what it cannot hold to), else ignored with a warning, as
+    # llama.cpp's schema converter ignores it.
+    strict: bool = False
 
     @classmethod
-    def json_schema(cls, schema: Any, name: str = "") -> Constraint:
+    def json_schema(cls, schema: Any, name: str = "", strict: bool = False) -> Constraint:
         """A JSON schema given as a dict or as JSON text."""
         if isinstance(schema, str):
             try:
@@ -45,7 +49,7 @@ class Constraint:
                 f"a JSON schema must be an object, got {type(schema).__name__}"
             )
         # Key order kept: a schema's properties are written in the order it lists them.
-        return cls("json_schema", _bounded(json.dumps(schema), "JSON schema"), name)
+        return cls("json_schema", _bounded(json.dumps(schema), "JSON schema"), name, strict)
 
     @classmethod
     def grammar(cls, text: Any, kind: str = "lark") -> Constraint:
@@ -92,7 +96,7 @@ class Constraint:
                 raise InvalidRequestError("'response_format.json_schema.strict' must be a boolean")
             if "schema" not in spec:
                 raise InvalidRequestError("'response_format.json_schema.schema' is required")
-            return cls.json_schema(spec["schema"], name)
+            return cls.json_schema(spec["schema"], name, strict=spec.get("strict") is True)
         raise InvalidRequestError(
             f"'response_format.type' must be text, json_object or json_schema, got {kind!r}"
         )
@@ -106,6 +110,7 @@ class Tool:
     name: str
     description: str
     parameters: str
+    strict: bool = False  # refuse, not ignore, schema keywords llguidance cannot enforce
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,11 +169,14 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
             raise InvalidRequestError(f"'{where}.parameters' must be a JSON schema object")
         if parameters.get("type", "object") != "object":
             raise InvalidRequestError(f"'{where}.parameters' must describe an object")
+        strict = item.get("strict")
+        if not isinstance(strict, bool | None):
+            raise InvalidRequestError(f"'{where}.strict' must be a boolean")
         # Arguments hold the declared parameters only (OpenAI's strict mode asks for this
         # anyway; a small model otherwise invents more), unless the schema says otherwise.
         parameters = {"additionalProperties": False, **parameters}
         text = _bounded(json.dumps(parameters), f"{where}.parameters")
-        tools.append(Tool(name, description, text))
+        tools.append(Tool(name, description, text, strict is True))
     return tuple(tools)
 
 

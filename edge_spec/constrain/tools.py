@@ -185,7 +185,7 @@ def renders_tools(template_text: str, call: CallFormat) -> bool:
 
 def _schema_with_format(tool: Tool) -> dict[str, Any]:
     schema = json.loads(tool.parameters)
-    schema["x-guidance"] = dict(JSON_OPTIONS)
+    schema["x-guidance"] = {**JSON_OPTIONS, "lenient": not tool.strict}
     return schema
 
 
