@@ -81,6 +81,8 @@ def _assert_user_error(out: subprocess.CompletedProcess[str], needle: str) -> No
         (["--ctx-size", "4"], "n_ctx"),
         (["--seed", "-2"], "seed must"),
         (["--seed", "one"], "invalid seed value"),
+        (["--json", "--logprobs", "30"], "logprobs"),
+        (["--logprobs", "2"], "needs --json"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], needle: str) -> None:

@@ -583,3 +583,52 @@ def test_ngram_sessions_are_kept_apart_by_name() -> None:
     assert request("b", [3, 4, 5]) == ()
     draft.clear_session("a")
     assert request("a", [3, 4, 5]) == ()
+
+
+def _logprobs_of(source, target, prompt, k, params, tree_nodes=0):
+    """(tokens, their logprobs), n_accepted of one run with logprobs (top 3) asked for."""
+    sources = {source.name: source, "none": NoDraft()}
+    events = run_steps(
+        target,
+        sources,
+        FixedK(k, tree_nodes=tree_nodes),
+        prompt,
+        k_max=k + tree_nodes,
+        max_tokens=40,
+        sampling=params,
+        logprobs=3,
+    )
+    tokens, scored, n_accepted = [], [], 0
+    for event in events:
+        if isinstance(event, Step):
+            assert [r.token for r in event.logprobs] == list(event.tokens)
+            tokens.extend(event.tokens)
+            scored.extend(event.logprobs)
+            n_accepted += event.n_accepted
+    return (tokens, scored), n_accepted
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=5)])
+def test_logprobs_are_the_targets_own_whatever_was_drafted(params: SamplingParams) -> None:
+    """Each token's logprob (and its row's top 3) is the log-softmax of the target's own logits
+    at its position: the same with model drafts, n-gram chains and token trees as with no
+    draft (a fake has no batching noise), and what the reference computes from the logits."""
+    model = make_target()
+    prompt = [1, 2, 3, 1, 2, 4, 0, 1, 2, 3, 1, 2]
+    alone, _ = _logprobs_of(NoDraft(), FakeLlama(model), prompt, 0, params)
+    for source, tree_nodes in (
+        (ModelDraft(FakeLlama(make_draft(model))), 0),
+        (NgramDraft(max_ngram=2), 0),
+        (NgramDraft(max_ngram=2), 4),
+    ):
+        got, n_accepted = _logprobs_of(source, FakeLlama(model), prompt, 3, params, tree_nodes)
+        assert got == alone and n_accepted > 0
+    tokens, scored = alone
+    for i, (token, row) in enumerate(zip(tokens, scored)):
+        logits = model.logits(prompt + tokens[:i]).astype(np.float64)
+        log_p = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+        assert row.logprob == pytest.approx(log_p[token], abs=1e-5)  # float32
+        best = sorted(range(len(log_p)), key=lambda t: (-log_p[t], t))[:3]
+        assert [t for t, _ in row.top] == best
+        if params.greedy:
+            assert row.top[0][0] == token

@@ -98,6 +98,20 @@ def test_a_responses_request_is_the_equivalent_chat_request() -> None:
     assert formatted == as_chat and formatted.config.constraint is not None
 
 
+def test_included_logprobs_are_the_chat_logprobs() -> None:
+    req, _ = parse_responses(
+        {
+            "model": "m",
+            "input": "Hi",
+            "include": ["message.output_text.logprobs"],
+            "top_logprobs": 4,
+        },
+        LIMITS,
+    )
+    assert req.config.logprobs == 4
+    assert parse_responses({"model": "m", "input": "Hi"}, LIMITS)[0].config.logprobs is None
+
+
 def test_an_assistant_message_and_its_calls_are_one_chat_message() -> None:
     """Our own output replayed as input (a message item, then its function_call items) is one
     assistant turn with content and tool_calls, as the chat API would send it."""
@@ -130,6 +144,7 @@ def test_an_assistant_message_and_its_calls_are_one_chat_message() -> None:
         ({"background": True}, "background"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"top_logprobs": 21}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_output_tokens": "ten"}, "max_output_tokens"),

@@ -126,7 +126,7 @@ def test_defaults_follow_openai() -> None:
         ({"model": "m", "prompt": "x", "n": 2}, "n"),
         ({"model": "m", "prompt": "x", "n": True}, "n"),
         ({"model": "m", "prompt": "x", "echo": True}, "echo"),
-        ({"model": "m", "prompt": "x", "logprobs": 3}, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": 6}, "logprobs"),
         ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
         ({"model": "m", "prompt": "x", "max_tokens": 257}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -485,6 +485,9 @@ def test_session_limits_hold_per_scope_so_one_key_cannot_push_out_another() -> N
         ("metadata", {"team": "a"}, True),
         ("metadata", {"n": 1}, False),
         ("metadata", {str(i): "x" for i in range(17)}, False),
+        ("logprobs", True, True),
+        ("logprobs", 1, False),
+        ("top_logprobs", 3, False),  # only beside logprobs: true
     ],
 )
 def test_openai_fields_are_honoured_or_refused(field: str, value: Any, accepted: bool) -> None:
@@ -1251,6 +1254,50 @@ def test_the_responses_api_through_the_openai_client(server: LiveServer) -> None
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(input=ask, previous_response_id="resp_1", **options)
     assert err.value.body["param"] == "previous_response_id"
+
+
+@models
+def test_logprobs_through_the_openai_client(server: LiveServer) -> None:
+    """Chat's logprobs/top_logprobs, the completions' logprobs and the Responses API's
+    include come back in OpenAI's shapes, one per token, the same streamed as not."""
+    client = server.client()
+    ask = [{"role": "user", "content": "Name three colors."}]
+    options: dict[str, Any] = dict(model=MODEL_ALIAS, temperature=0, max_tokens=12)
+    done = client.chat.completions.create(messages=ask, logprobs=True, top_logprobs=2, **options)
+    content = done.choices[0].logprobs.content
+    assert len(content) == done.usage.completion_tokens
+    assert "".join(t.token for t in content) == done.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)
+    chunks = list(
+        client.chat.completions.create(
+            messages=ask, logprobs=True, top_logprobs=2, stream=True, **options
+        )
+    )
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    assert client.chat.completions.create(messages=ask, **options).choices[0].logprobs is None
+
+    legacy = client.completions.create(prompt="One, two, three,", logprobs=3, **options)
+    scored = legacy.choices[0].logprobs
+    assert len(scored.tokens) == len(scored.token_logprobs) == legacy.usage.completion_tokens
+    assert all(len(top) == 3 for top in scored.top_logprobs)
+    assert scored.text_offset[0] == 0 and "".join(scored.tokens) == legacy.choices[0].text
+
+    response = client.responses.create(
+        model=MODEL_ALIAS,
+        input=ask,
+        temperature=0,
+        max_output_tokens=12,
+        include=["message.output_text.logprobs"],
+        top_logprobs=1,
+    )
+    text = response.output[0].content[0]
+    assert [(t.token, t.logprob) for t in text.logprobs] == [(t.token, t.logprob) for t in content]
 
 
 @models

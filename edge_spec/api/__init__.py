@@ -14,6 +14,7 @@ from edge_spec.api.config import (
     GenerationConfig,
     GenerationResult,
     TextDelta,
+    TokenLogprob,
 )
 from edge_spec.api.spec import EdgeSpec
 from edge_spec.modes import DRAFT_MODES
@@ -26,4 +27,5 @@ __all__ = [
     "GenerationConfig",
     "GenerationResult",
     "TextDelta",
+    "TokenLogprob",
 ]

@@ -14,6 +14,7 @@ from edge_spec.constrain.spec import (
     parse_tools,
 )
 from edge_spec.constrain.tools import ToolCall
+from edge_spec.decode.logprobs import MAX_TOP_LOGPROBS
 from edge_spec.decode.stats import GenerationStats
 from edge_spec.decode.text import Span
 from edge_spec.errors import InvalidRequestError
@@ -132,6 +133,9 @@ class GenerationConfig:
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Each answer token's log-probability under the target (result.logprobs) and this many of
+    # its position's most likely tokens (0-20); None: none (they cost nothing then).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -149,6 +153,13 @@ class GenerationConfig:
         if max(self.k or 0, self.k_max, tree or 0) > 64:
             raise InvalidRequestError(
                 f"k, k_max and tree_nodes must be <= 64, got {self.k}, {self.k_max}, {tree}"
+            )
+        n = self.logprobs
+        if n is not None and (
+            isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS
+        ):
+            raise InvalidRequestError(
+                f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {n!r}"
             )
         if self.policy is not None and self.policy not in POLICIES:
             raise InvalidRequestError(
@@ -248,6 +259,32 @@ def _structured(kwargs: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token of the answer and its log-probability under the target: the log-softmax of the
+    target's logits at its position, before temperature, top-k/top-p/min-p or a grammar (as
+    OpenAI and llama.cpp report them); `top`: that position's most likely tokens, best first."""
+
+    token_id: int
+    token_bytes: bytes
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+    @property
+    def token(self) -> str:
+        """The token's text (a token that ends inside a UTF-8 character shows U+FFFD)."""
+        return self.token_bytes.decode("utf-8", "replace")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "token_id": self.token_id,
+            "logprob": self.logprob,
+            "bytes": list(self.token_bytes),
+            "top_logprobs": [t.to_dict() for t in self.top],
+        }
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     text: str
     finish_reason: FinishReason
@@ -268,6 +305,8 @@ class GenerationResult:
     # Under a constraint: whether the answer is a whole one (False when max_tokens or the
     # context cut it short); None without one.
     constraint_complete: bool | None = None
+    # One per token of token_ids where the request asked for logprobs; None otherwise.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -285,6 +324,11 @@ class GenerationResult:
             "policy": self.policy,
             "k": self.k,
             "stats": self.stats.to_dict(),
+            **(
+                {"logprobs": [t.to_dict() for t in self.logprobs]}
+                if self.logprobs is not None
+                else {}
+            ),
         }
 
 
@@ -299,3 +343,5 @@ class TextDelta:
     result: GenerationResult | None = None
     # The text again, as runs marked True where they came from accepted draft tokens.
     spans: tuple[Span, ...] = ()
+    # The logprobs of token_ids, where the request asked for them.
+    logprobs: tuple[TokenLogprob, ...] = ()

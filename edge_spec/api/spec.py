@@ -20,6 +20,7 @@ from edge_spec.api.config import (
     GenerationConfig,
     GenerationResult,
     TextDelta,
+    TokenLogprob,
 )
 from edge_spec.backend import LlamaModel
 from edge_spec.backend.grammar_vocab import grammar_tokenizer
@@ -28,6 +29,7 @@ from edge_spec.constrain.matcher import GrammarConstraint
 from edge_spec.constrain.spec import Tool, ToolChoice
 from edge_spec.constrain.tools import CallFormat, call_format, renders_tools
 from edge_spec.decode.engine import Prefill, Step, run_steps
+from edge_spec.decode.logprobs import RowLogprobs
 from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
 from edge_spec.device.learned import LearnedKey, LearnedStore
@@ -259,6 +261,7 @@ class EdgeSpec:
             text = TextAssembler(cfg.stop)
             token_ids: list[int] = []
             new_ids: list[int] = []
+            scored: list[TokenLogprob] = []  # with cfg.logprobs: one per token of token_ids
             finish: FinishReason | None = None
             steps = run_steps(
                 self.target,
@@ -269,6 +272,7 @@ class EdgeSpec:
                 max_tokens=cfg.max_tokens,
                 sampling=cfg.sampling,
                 constraint=constraint,
+                logprobs=cfg.logprobs,
             )
             try:
                 for event in steps:
@@ -278,10 +282,14 @@ class EdgeSpec:
                     stats.step(event)
                     new_ids, finish = self._take(event, len(token_ids), text, cfg.max_tokens)
                     token_ids.extend(new_ids)
+                    scored.extend(self._scored(event.logprobs[: len(new_ids)]))
                     if finish is not None:
                         break
                     spans = text.take_ready_spans()
-                    yield TextDelta(_join(spans), tuple(new_ids), spans=tuple(spans))
+                    new_scored = tuple(scored[len(token_ids) - len(new_ids) :])
+                    yield TextDelta(
+                        _join(spans), tuple(new_ids), None, None, tuple(spans), new_scored
+                    )
                     new_ids = []
             except Exception:
                 self._recover()
@@ -314,9 +322,19 @@ class EdgeSpec:
                 tool_calls=tuple(calls),
                 content=content,
                 constraint_complete=constraint.complete if constraint is not None else None,
+                logprobs=tuple(scored) if cfg.logprobs is not None else None,
             )
             self._learned.request_done()
-            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail))
+            last = tuple(scored[len(token_ids) - len(new_ids) :])
+            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail), last)
+
+    def _scored(self, rows: Sequence[RowLogprobs]) -> list[TokenLogprob]:
+        """The engine's logprobs with each token's bytes."""
+
+        def scored(token: int, logprob: float, top: tuple = ()) -> TokenLogprob:
+            return TokenLogprob(token, self.target.token_bytes(token), logprob, top)
+
+        return [scored(r.token, r.logprob, tuple(scored(t, lp) for t, lp in r.top)) for r in rows]
 
     def _recover(self) -> None:
         """After a request failed mid-step (a decode, a tree, a draw, the text): the models'

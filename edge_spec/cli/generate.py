@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from edge_spec.cli.args import (
@@ -49,6 +50,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_structured_arguments(gen)
     add_engine_arguments(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="N",
+        help="with --json: each token's logprob under the target and its N likeliest (0-20)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     # --chat without a target takes the chat pair (the default pair's target is a base model).
     target, draft, why = pick_models(args, chat=args.chat, draft_mode=args.draft_mode)
     config = generation_config(args)
+    if args.logprobs is not None:
+        if not args.json:
+            raise InvalidRequestError("--logprobs needs --json (they are printed in it)")
+        config = replace(config, logprobs=args.logprobs)
     with EdgeSpec(target, draft, draft_mode=args.draft_mode, config=engine_config(args)) as spec:
         say_draft(why)
         if args.chat:

@@ -16,6 +16,7 @@ import numpy as np
 
 from edge_spec.backend import LlamaModel
 from edge_spec.decode.constraint import StepConstraint
+from edge_spec.decode.logprobs import RowLogprobs, chosen_rows, token_logprobs
 from edge_spec.decode.verify import (
     Verdict,
     verify_constrained,
@@ -58,6 +59,8 @@ class Step:
     # Draft sources that failed in this step and are set aside for the rest of the request:
     # (source name, the error), the request going on without them.
     set_aside: tuple[tuple[str, str], ...] = ()
+    # Asked for (run_steps' logprobs): each token's logprob under the target, and its row's top.
+    logprobs: tuple[RowLogprobs, ...] = ()
 
     @property
     def n_positions(self) -> int:
@@ -109,9 +112,11 @@ def run_steps(
     max_tokens: int,
     sampling: SamplingParams,
     constraint: StepConstraint | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Prefill | Step]:
     """Yields one Prefill, then Steps until max_tokens tokens were produced or the context is
-    full (the caller stops earlier at EOS or a stop string by closing the generator).
+    full (the caller stops earlier at EOS or a stop string by closing the generator). With
+    logprobs (the top alternatives wanted, 0 for none), each Step carries its tokens' logprobs.
 
     Requires a non-empty prompt that fits in the target's context, k_max >= 0, max_tokens >= 0,
     and "none" among the sources; the policy picks a source and k <= k_max for every step.
@@ -193,8 +198,8 @@ def run_steps(
             draft, branch_weights = _allowed(constraint, forced, draft, branch_weights)
         n_forced = min(len(forced), len(draft.tokens))
         t1 = time.perf_counter()
-        verdict, hidden = _target_pass(
-            target, draft, context, sampling, keys, bool(heads), constraint
+        verdict, hidden, step_logprobs = _target_pass(
+            target, draft, context, sampling, keys, bool(heads), constraint, logprobs
         )
         n_forced_accepted = min(n_forced, verdict.n_accepted)
         context.extend(verdict.tokens)
@@ -242,6 +247,7 @@ def run_steps(
             n_forced,
             n_forced_accepted,
             aside.take(),
+            step_logprobs,
         )
 
 
@@ -350,10 +356,12 @@ def _target_pass(
     keys: SampleKeys,
     want_hidden: bool = False,
     constraint: StepConstraint | None = None,
-) -> tuple[Verdict, np.ndarray | None]:
+    logprobs: int | None = None,
+) -> tuple[Verdict, np.ndarray | None, tuple[RowLogprobs, ...]]:
     """One target pass over [last token, draft...] (a chain, or a token tree with one sequence
     per branch), verified; the cache keeps what was accepted. With want_hidden, also the hidden
-    state of the row that chose the target's own token (the last accepted one's row)."""
+    state of the row that chose the target's own token (the last accepted one's row); with
+    logprobs, the produced tokens' logprobs."""
     batch = [context[-1], *draft.tokens]
     if draft.parents:
         logits = target.decode_tree(batch, (-1, *(p + 1 for p in draft.parents)))
@@ -362,8 +370,9 @@ def _target_pass(
             verify_constrained(*args, constraint) if constraint is not None else verify_tree(*args)
         )
         hidden = target.hidden(verdict.path[-1] + 1 if verdict.path else 0) if want_hidden else None
+        scored = _logprobs(logits, verdict, logprobs)
         target.keep_tree([i + 1 for i in verdict.path])
-        return verdict, hidden
+        return verdict, hidden, scored
     logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
     if constraint is not None:
         verdict = verify_constrained(
@@ -372,8 +381,17 @@ def _target_pass(
     else:
         verdict = _verify(draft, logits, sampling, keys, len(context))
     hidden = target.hidden(verdict.n_accepted) if want_hidden else None
+    scored = _logprobs(logits, verdict, logprobs)
     target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV
-    return verdict, hidden
+    return verdict, hidden, scored
+
+
+def _logprobs(logits: np.ndarray, verdict: Verdict, top_n: int | None) -> tuple[RowLogprobs, ...]:
+    """The verdict's tokens' logprobs from the rows that chose them (none unless asked for)."""
+    if top_n is None:
+        return ()
+    rows = logits[chosen_rows(len(verdict.tokens), verdict.path)]
+    return token_logprobs(rows, verdict.tokens, top_n)
 
 
 def _verify(

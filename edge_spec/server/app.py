@@ -290,11 +290,11 @@ async def _sse(
                     yield event
                 return
             if payload.result is not None:
-                for event in events.final(payload.text, payload.result):
+                for event in events.final(payload.text, payload.result, payload.logprobs):
                     yield event
                 finished = True
                 return
-            for event in events.delta(payload.text):
+            for event in events.delta(payload.text, payload.logprobs):
                 yield event
             kind, payload = await job.events.get()
     finally:

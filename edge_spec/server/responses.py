@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from edge_spec.api import GenerationResult
+from edge_spec.api import GenerationResult, TokenLogprob
 from edge_spec.constrain.tools import GEMMA, HERMES
 
 # Where a tool call can begin, in any family's format (constrain.tools).
@@ -88,17 +88,47 @@ def full_body(env: Envelope, result: GenerationResult) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs(env, result.logprobs),
             "finish_reason": finish,
         }
     else:
-        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
+        scored = logprobs(env, result.logprobs)
+        choice = {"index": 0, "text": result.text, "logprobs": scored, "finish_reason": finish}
     return {
         **env.head(),
         "choices": [choice],
         "usage": usage(result),
         "edge_spec": speculative_stats(result),
     }
+
+
+def logprobs(
+    env: Envelope, scored: tuple[TokenLogprob, ...] | None, offset: int = 0
+) -> dict[str, Any] | None:
+    """Tokens' logprobs in OpenAI's shape: chat's {content: [{token, logprob, bytes,
+    top_logprobs}]}, or the completions' {tokens, token_logprobs, top_logprobs, text_offset}
+    (offset: where the first token's text starts in the answer). None where none were asked."""
+    if scored is None:
+        return None
+    if env.chat:
+        return {"content": [logprob_entry(t, top=True) for t in scored], "refusal": None}
+    offsets = []
+    for t in scored:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {
+        "tokens": [t.token for t in scored],
+        "token_logprobs": [t.logprob for t in scored],
+        "top_logprobs": [{u.token: u.logprob for u in t.top} for t in scored],
+        "text_offset": offsets,
+    }
+
+
+def logprob_entry(scored: TokenLogprob, top: bool = False) -> dict[str, Any]:
+    entry = {"token": scored.token, "logprob": scored.logprob, "bytes": list(scored.token_bytes)}
+    if top:
+        entry["top_logprobs"] = [logprob_entry(t) for t in scored.top]
+    return entry
 
 
 def first_chunk(env: Envelope) -> dict[str, Any] | None:
@@ -108,13 +138,19 @@ def first_chunk(env: Envelope) -> dict[str, Any] | None:
     return {**env.head(True), "choices": [_choice(env, "", None, role=True)]}
 
 
-def text_chunk(env: Envelope, text: str) -> dict[str, Any]:
-    return {**env.head(True), "choices": [_choice(env, text, None)]}
+def text_chunk(env: Envelope, text: str, scored: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {**env.head(True), "choices": [_choice(env, text, None, scored=scored)]}
 
 
-def final_chunks(env: Envelope, tail: str, result: GenerationResult, include_usage: bool) -> list:
+def final_chunks(
+    env: Envelope,
+    tail: str,
+    result: GenerationResult,
+    include_usage: bool,
+    scored: dict[str, Any] | None = None,
+) -> list:
     """The tool calls' chunk, if the answer made calls; the chunk with finish_reason (and our
-    stats); then the usage chunk if it was asked for."""
+    stats, and the logprobs of tokens not yet sent); then the usage chunk if it was asked for."""
     calls = []
     if result.tool_calls:
         deltas = [{"index": i, **call.to_dict()} for i, call in enumerate(result.tool_calls)]
@@ -123,7 +159,7 @@ def final_chunks(env: Envelope, tail: str, result: GenerationResult, include_usa
         tail = ""
     last = {
         **env.head(True),
-        "choices": [_choice(env, tail, FINISH_REASONS[result.finish_reason])],
+        "choices": [_choice(env, tail, FINISH_REASONS[result.finish_reason], scored=scored)],
         "edge_spec": speculative_stats(result),
     }
     if not include_usage:
@@ -136,8 +172,10 @@ class Events(Protocol):
     mapping (sse-starlette's forms), made as the generation goes."""
 
     def opening(self) -> list[Any]: ...
-    def delta(self, text: str) -> list[Any]: ...
-    def final(self, text: str, result: GenerationResult) -> list[Any]: ...
+    def delta(self, text: str, scored: tuple[TokenLogprob, ...] = ()) -> list[Any]: ...
+    def final(
+        self, text: str, result: GenerationResult, scored: tuple[TokenLogprob, ...] = ()
+    ) -> list[Any]: ...
     def error(self, body: dict[str, Any]) -> list[Any]: ...
 
 
@@ -178,20 +216,37 @@ class ChatEvents:
     def __init__(self, env: Envelope, include_usage: bool, tools: bool) -> None:
         self.env, self.include_usage = env, include_usage
         self.gate = ContentGate() if tools else None
+        self.scored: list[TokenLogprob] = []  # logprobs not sent yet (their text held back)
+        self.offset = 0  # completions: where the next token's text starts
 
     def opening(self) -> list[str]:
         first = first_chunk(self.env)
         return [] if first is None else [json.dumps(first)]
 
-    def delta(self, text: str) -> list[str]:
+    def delta(self, text: str, scored: tuple[TokenLogprob, ...] = ()) -> list[str]:
         text = text if self.gate is None else self.gate.feed(text)
-        return [json.dumps(text_chunk(self.env, text))] if text else []
+        self.scored += scored
+        if not text:
+            return []
+        return [json.dumps(text_chunk(self.env, text, self._take_scored()))]
 
-    def final(self, text: str, result: GenerationResult) -> list[str]:
+    def final(
+        self, text: str, result: GenerationResult, scored: tuple[TokenLogprob, ...] = ()
+    ) -> list[str]:
         if self.gate is not None:
             text = self.gate.feed(text) + self.gate.rest(bool(result.tool_calls))
-        chunks = final_chunks(self.env, text, result, self.include_usage)
+        self.scored += scored
+        pending = self._take_scored() if result.logprobs is not None else None
+        chunks = final_chunks(self.env, text, result, self.include_usage, pending)
         return [*(json.dumps(chunk) for chunk in chunks), "[DONE]"]
+
+    def _take_scored(self) -> dict[str, Any] | None:
+        if not self.scored:
+            return None
+        shaped = logprobs(self.env, tuple(self.scored), self.offset)
+        self.offset += sum(len(t.token) for t in self.scored)
+        self.scored = []
+        return shaped
 
     def error(self, body: dict[str, Any]) -> list[str]:
         return [json.dumps(body)]
@@ -236,13 +291,19 @@ def _partial_suffix(text: str, begin: str) -> int:
     return 0
 
 
-def _choice(env: Envelope, text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
+def _choice(
+    env: Envelope,
+    text: str,
+    finish: str | None,
+    role: bool = False,
+    scored: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     if env.chat:
         delta: dict[str, Any] = {"content": text} if text or role else {}
         if role:
             delta = {"role": "assistant", **delta}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": scored, "finish_reason": finish}
+    return {"index": 0, "text": text, "logprobs": scored, "finish_reason": finish}
 
 
 def model_card(model_id: str, created: int, details: dict[str, Any]) -> dict[str, Any]:

@@ -14,11 +14,13 @@ from typing import Any
 
 from edge_spec.api import GenerationConfig
 from edge_spec.constrain.spec import Constraint, parse_tool_choice, parse_tools
+from edge_spec.decode.logprobs import MAX_TOP_LOGPROBS
 from edge_spec.errors import InvalidRequestError
 from edge_spec.models.templates import ROLE_ALIASES, ROLES
 from edge_spec.sampling.transform import SamplingParams
 
 MAX_STOP_STRINGS = 16
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound for /v1/completions' logprobs
 MAX_SESSION_KEY = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -49,8 +51,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
@@ -132,7 +132,12 @@ def parse_completion(body: object, limits: RequestLimits) -> ParsedRequest:
     if not isinstance(prompt, str):
         raise bad("'prompt' must be a string", "prompt", "missing_required_parameter")
     max_tokens = _int(fields, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
-    return _parsed(fields, limits, max_tokens, prompt=prompt)
+    logprobs = _int(fields, "logprobs", None)  # the top alternatives per token, or null
+    if logprobs is not None and logprobs > MAX_COMPLETION_LOGPROBS:
+        raise bad(
+            f"'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {logprobs}", "logprobs"
+        )
+    return _parsed(fields, limits, max_tokens, prompt=prompt, logprobs=logprobs)
 
 
 def parse_chat(body: object, limits: RequestLimits) -> ParsedRequest:
@@ -146,7 +151,20 @@ def parse_chat(body: object, limits: RequestLimits) -> ParsedRequest:
         max_tokens = _int(fields, "max_completion_tokens", limits.max_tokens_limit)
     else:
         max_tokens = _int(fields, "max_tokens", limits.max_tokens_limit)
-    return _parsed(fields, limits, max_tokens, messages=messages)
+    return _parsed(fields, limits, max_tokens, messages=messages, logprobs=_chat_logprobs(fields))
+
+
+def _chat_logprobs(fields: Mapping[str, Any]) -> int | None:
+    """Chat's logprobs (a boolean) and top_logprobs (0-20, only beside logprobs: true) as the
+    number of alternatives per token, or None for no logprobs."""
+    top = _int(fields, "top_logprobs", None)
+    if not _bool(fields, "logprobs", False):
+        if top:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    if top is not None and top > MAX_TOP_LOGPROBS:
+        raise bad(f"'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
+    return top or 0
 
 
 def _check_fields(body: object, allowed: frozenset[str]) -> dict[str, Any]:
@@ -253,6 +271,7 @@ def _parsed(
     *,
     prompt: str | None = None,
     messages: tuple[dict[str, str], ...] | None = None,
+    logprobs: int | None = None,
 ) -> ParsedRequest:
     if max_tokens < 1:
         raise bad(f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
@@ -285,6 +304,7 @@ def _parsed(
             draft_mode=_draft_mode(fields, limits),
             sampling=sampling,
             session=_session(fields),
+            logprobs=logprobs,
             **_structured(fields),
         )
     except InvalidRequestError as exc:  # the library's own range checks; they name the field

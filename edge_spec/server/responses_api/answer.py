@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from edge_spec.api import GenerationResult
-from edge_spec.server.responses import ContentGate, Envelope, speculative_stats
+from edge_spec.api import GenerationResult, TokenLogprob
+from edge_spec.server.responses import ContentGate, Envelope, logprob_entry, speculative_stats
 from edge_spec.server.responses_api.request import ResponseEcho
 
 
@@ -70,7 +70,8 @@ class ResponseShape:
         unless the answer is only tool calls (or `message` asks for one), then the calls."""
         status = "incomplete" if result.finish_reason in ("length", "context") else "completed"
         with_message = message or not result.tool_calls or bool(text.strip())
-        output = [_message(message_id, text)] if with_message else []
+        scored = result.logprobs or ()
+        output = [_message(message_id, text, scored=scored)] if with_message else []
         output += [_call_item(call.id, call.name, call.arguments) for call in result.tool_calls]
         return self.response(status, output, result)
 
@@ -86,12 +87,15 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _output_text(text: str, scored: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
+    logprobs = [logprob_entry(t, top=True) for t in scored]
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
-def _message(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [_output_text(text)] if status == "completed" else []
+def _message(
+    item_id: str, text: str, status: str = "completed", scored: tuple[TokenLogprob, ...] = ()
+) -> dict[str, Any]:
+    content = [_output_text(text, scored)] if status == "completed" else []
     return {
         "type": "message",
         "id": item_id,
@@ -127,6 +131,7 @@ class ResponseEvents:
         self.message_id = _item_id("msg")
         self.opened = False
         self.text = ""
+        self.scored: list[TokenLogprob] = []  # logprobs not sent yet (their text held back)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, str]:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -143,15 +148,20 @@ class ResponseEvents:
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.message_id, "output_index": 0, "content_index": 0}
 
-    def _text(self, text: str) -> list[dict[str, str]]:
+    def _text(self, text: str, scored: tuple[TokenLogprob, ...]) -> list[dict[str, str]]:
+        self.scored += scored
         if not text:
             return []
         events = []
         if not self.opened:
             events += self._open()
         self.text += text
+        logprobs = [logprob_entry(t, top=True) for t in self.scored]
+        self.scored = []
         events.append(
-            self._event("response.output_text.delta", **self._where(), delta=text, logprobs=[])
+            self._event(
+                "response.output_text.delta", **self._where(), delta=text, logprobs=logprobs
+            )
         )
         return events
 
@@ -163,13 +173,15 @@ class ResponseEvents:
             self._event("response.content_part.added", **self._where(), part=_output_text("")),
         ]
 
-    def delta(self, text: str) -> list[dict[str, str]]:
-        return self._text(text if self.gate is None else self.gate.feed(text))
+    def delta(self, text: str, scored: tuple[TokenLogprob, ...] = ()) -> list[dict[str, str]]:
+        return self._text(text if self.gate is None else self.gate.feed(text), scored)
 
-    def final(self, text: str, result: GenerationResult) -> list[dict[str, str]]:
+    def final(
+        self, text: str, result: GenerationResult, scored: tuple[TokenLogprob, ...] = ()
+    ) -> list[dict[str, str]]:
         if self.gate is not None:
             text = self.gate.feed(text) + self.gate.rest(bool(result.tool_calls))
-        events = self._text(text)
+        events = self._text(text, scored)
         response = self.shape.finished(result, self.text, self.message_id, self.opened)
         index = 0
         for item in response["output"]:
@@ -179,7 +191,10 @@ class ResponseEvents:
                 part = item["content"][0]
                 events += [
                     self._event(
-                        "response.output_text.done", **self._where(), text=self.text, logprobs=[]
+                        "response.output_text.done",
+                        **self._where(),
+                        text=self.text,
+                        logprobs=part["logprobs"],
                     ),
                     self._event("response.content_part.done", **self._where(), part=part),
                     self._event("response.output_item.done", output_index=0, item=item),

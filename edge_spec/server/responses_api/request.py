@@ -18,14 +18,14 @@ _PASSED = (
 )
 _TRANSLATED = ("model", "input", "instructions", "max_output_tokens", "tools", "tool_choice")
 _TRANSLATED += ("text", "store", "stream_options", "safety_identifier", "truncation")
+_TRANSLATED += ("include", "top_logprobs")
+LOGPROBS_ITEM = "message.output_text.logprobs"  # the one `include` item served here
 # Fields accepted only at the value that means "feature off".
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "previous_response_id": (None,),  # nothing is stored here
     "conversation": (None,),
     "background": (None, False),
-    "include": (None, []),
     "reasoning": (None, {}),
-    "top_logprobs": (None, 0),
     "max_tool_calls": (None,),
     "prompt": (None,),  # a stored prompt template
 }
@@ -96,6 +96,16 @@ def parse_responses(body: object, limits: RequestLimits) -> tuple[ParsedRequest,
         chat["tools"] = tools  # chat takes bare function objects too
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    include = body.get("include") or []
+    if not isinstance(include, list) or any(item != LOGPROBS_ITEM for item in include):
+        raise bad(f"'include' may only hold {LOGPROBS_ITEM!r}", "include")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise bad("'top_logprobs' must be an integer in [0, 20]", "top_logprobs")
+    if include or top:
+        chat["logprobs"] = True
+        chat["top_logprobs"] = top or 0
     text_format = _text_format(body.get("text"))
     if text_format["type"] != "text":
         chat["response_format"] = _response_format(text_format)

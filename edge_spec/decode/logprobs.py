@@ -1,0 +1,73 @@
+"""Log-probabilities of the tokens a step produced, read from the target rows that chose them.
+
+They are the target model's own distribution: the log-softmax of its logits row, before the
+request's temperature, top-k/top-p/min-p or grammar mask (what OpenAI's and llama.cpp's servers
+report). A drafted token accepted in a step gets the logprob of the same row the target alone
+would have read at that position (up to llama.cpp's batching noise, docs/exactness.md), so
+logprobs, like the text, do not depend on what was drafted. Pure numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
+
+@dataclass(frozen=True)
+class RowLogprobs:
+    """One produced token's logprob, and the `top_n` most likely tokens of its row (best
+    first, ties to the lower id) with theirs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(rows: np.ndarray, tokens: Sequence[int], top_n: int) -> tuple[RowLogprobs, ...]:
+    """Requires rows of shape (len(tokens), n_vocab), row i the logits that chose tokens[i],
+    and 0 <= top_n <= MAX_TOP_LOGPROBS. Returns one RowLogprobs per token."""
+    if rows.ndim != 2 or rows.shape[0] != len(tokens):
+        raise ValueError(f"need one row per token: {rows.shape} for {len(tokens)} tokens")
+    if not 0 <= top_n <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_n must be in [0, {MAX_TOP_LOGPROBS}], got {top_n}")
+    top_n = min(top_n, rows.shape[1])
+    # float32 throughout: a float64 copy of a 262,144-token row costs more than the rest.
+    peak = rows.max(axis=1)
+    log_z = peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1, dtype=np.float32))
+    out = []
+    for i, token in enumerate(tokens):
+        top: tuple[tuple[int, float], ...] = ()
+        if top_n:
+            row = rows[i]
+            top = tuple((int(t), float(row[t] - log_z[i])) for t in _top(row, peak[i], top_n))
+        out.append(RowLogprobs(int(token), float(rows[i, token] - log_z[i]), top))
+    return tuple(out)
+
+
+def _top(row: np.ndarray, peak: float, n: int) -> np.ndarray:
+    """The ids of the n largest logits, best first, ties to the lower id. Candidates within a
+    margin of the peak first (a comparison costs a tenth of an argpartition of the row)."""
+    margin = 4.0
+    candidates = np.flatnonzero(row >= peak - margin)
+    while candidates.size < n:
+        margin *= 4
+        candidates = np.flatnonzero(row >= peak - margin)
+    if candidates.size > 64 * n:
+        keep = np.argpartition(-row[candidates], n - 1)[:n]
+        threshold = row[candidates[keep]].min()  # ties at the threshold stay candidates
+        candidates = candidates[row[candidates] >= threshold]
+    order = np.lexsort((candidates, -row[candidates]))[:n]
+    return candidates[order]
+
+
+def chosen_rows(n_tokens: int, path: Sequence[int]) -> list[int]:
+    """The rows of a step's batch that chose its tokens: a chain's token i was chosen by row i;
+    a tree's by the row of its parent on the accepted path (row 0: the context's last token,
+    row 1 + j: draft node j)."""
+    if not path:
+        return list(range(n_tokens))
+    return [0, *(node + 1 for node in path)]
