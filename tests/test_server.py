@@ -1259,7 +1259,8 @@ def test_the_responses_api_through_the_openai_client(server: LiveServer) -> None
 @models
 def test_logprobs_through_the_openai_client(server: LiveServer) -> None:
     """Chat's logprobs/top_logprobs, the completions' logprobs and the Responses API's
-    include come back in OpenAI's shapes, one per token, the same streamed as not."""
+    include come back in OpenAI's shapes, one per token, the same streamed as not (up to
+    batching noise)."""
     client = server.client()
     ask = [{"role": "user", "content": "Name three colors."}]
     options: dict[str, Any] = dict(model=MODEL_ALIAS, temperature=0, max_tokens=12)
@@ -1279,7 +1280,7 @@ def test_logprobs_through_the_openai_client(server: LiveServer) -> None:
         if c.choices and c.choices[0].logprobs
         for t in c.choices[0].logprobs.content
     ]
-    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    assert _same_logprobs(streamed, content)
     assert client.chat.completions.create(messages=ask, **options).choices[0].logprobs is None
 
     legacy = client.completions.create(prompt="One, two, three,", logprobs=3, **options)
@@ -1297,7 +1298,15 @@ def test_logprobs_through_the_openai_client(server: LiveServer) -> None:
         top_logprobs=1,
     )
     text = response.output[0].content[0]
-    assert [(t.token, t.logprob) for t in text.logprobs] == [(t.token, t.logprob) for t in content]
+    assert _same_logprobs(text.logprobs, content)
+
+
+def _same_logprobs(got: list[Any], expected: list[Any]) -> bool:
+    """The same tokens with the same logprobs, up to llama.cpp's batching noise: another
+    request's rows come from other batches (a prompt prefix kept in the cache, other drafts)."""
+    return [t.token for t in got] == [t.token for t in expected] and all(
+        abs(a.logprob - b.logprob) < 0.05 for a, b in zip(got, expected)
+    )
 
 
 @models
