@@ -76,6 +76,26 @@ def test_logprobs_are_the_targets_own_with_drafts_and_come_per_token(spec: EdgeS
         spec.generate(prompt, max_tokens=4, logprobs=21)
 
 
+def test_penalized_output_is_the_same_with_drafts_and_changed_by_the_penalty(
+    spec: EdgeSpec,
+) -> None:
+    """llama.cpp's repeat, presence and frequency penalties: the drafted answer is the
+    penalized target alone's, greedy and sampled, and the penalty changes what it writes."""
+    prompt = "Repeat: one two three four five. Repeat: one two three four five. Repeat:"
+    plain = spec.generate(prompt, max_tokens=24, draft_mode="none")
+    for options in (
+        {"repeat_penalty": 1.1},
+        {"repeat_penalty": 1.3, "presence_penalty": 0.3, "frequency_penalty": 0.2},
+        {"repeat_penalty": 1.1, "temperature": 0.8, "seed": 2},
+    ):
+        alone = spec.generate(prompt, max_tokens=24, draft_mode="none", **options)
+        got = spec.generate(prompt, max_tokens=24, draft_mode="ngram", k=3, **options)
+        assert got.token_ids == alone.token_ids, options
+        got = spec.generate(prompt, max_tokens=24, draft_mode="model", k=3, **options)
+        assert got.token_ids == alone.token_ids and got.stats.n_accepted > 0, options
+    assert alone.token_ids != plain.token_ids
+
+
 def test_stop_string_ends_generation(spec: EdgeSpec) -> None:
     free = spec.generate("List the days of the week: Monday, Tuesday,", max_tokens=40)
     word = free.text.split(",")[2]  # something the model is known to produce

@@ -632,3 +632,61 @@ def test_logprobs_are_the_targets_own_whatever_was_drafted(params: SamplingParam
         assert [t for t, _ in row.top] == best
         if params.greedy:
             assert row.top[0][0] == token
+
+
+PENALTIES = dict(repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, repeat_last_n=8)
+
+
+def _penalized_reference(model, prompt: list[int], n: int, params: SamplingParams) -> list[int]:
+    """The penalized target alone, one token at a time (greedy)."""
+    from edge_spec.sampling.penalties import penalize
+
+    out: list[int] = []
+    for _ in range(n):
+        context = prompt + out
+        out.append(argmax(penalize(model.logits(context), context, params)))
+    return out
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(**PENALTIES), SamplingParams(temperature=0.9, seed=6, **PENALTIES)],
+)
+def test_penalized_output_is_the_penalized_targets_own_whatever_was_drafted(params) -> None:
+    """With repetition penalties every row of a verification batch is penalized with the
+    tokens before it on its path: model drafts, n-gram chains and token trees give exactly the
+    penalized target alone's tokens (greedy: the one-token-at-a-time reference), and the
+    penalties really change the text."""
+    model = make_target()
+    prompt = [1, 2, 3, 1, 2, 4, 0, 1, 2, 3, 1, 2]
+    alone = generate(NoDraft(), FakeLlama(model), prompt, 0, 40, params)
+    if params.greedy:
+        assert alone == _penalized_reference(model, prompt, 40, params)
+        assert alone != greedy_reference(prompt, 40)
+    for source, tree_nodes in (
+        (ModelDraft(FakeLlama(make_draft(model))), 0),
+        (NgramDraft(max_ngram=2), 0),
+        (NgramDraft(max_ngram=2), 4),
+    ):
+        got: list[int] = []
+        n_accepted = 0
+        for event in steps(source, FakeLlama(model), prompt, 3, 40, params, tree_nodes):
+            if isinstance(event, Step):
+                got.extend(event.tokens)
+                n_accepted += event.n_accepted
+        assert got == alone and n_accepted > 0
+
+
+def test_penalties_follow_llama_cpp() -> None:
+    """Divided by repeat_penalty (multiplied when negative), then lowered by frequency per
+    occurrence and presence once, over the last repeat_last_n tokens only."""
+    from edge_spec.sampling.penalties import penalize
+
+    row = np.array([2.0, -1.0, 0.5, 3.0], dtype=np.float32)
+    params = SamplingParams(
+        repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25, repeat_last_n=3
+    )
+    got = penalize(row, [2, 0, 1, 0], params)  # token 2 falls out of the window
+    assert got.tolist() == pytest.approx([2.0 / 2 - 1.0 - 0.25, -1.0 * 2 - 0.5 - 0.25, 0.5, 3.0])
+    assert row.tolist() == [2.0, -1.0, 0.5, 3.0]  # the caller's row is untouched
+    assert penalize(row, [0, 1], SamplingParams()) is row

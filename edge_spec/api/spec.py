@@ -389,6 +389,7 @@ class EdgeSpec:
             cfg.tree_nodes,
             cfg.sampling.greedy,
             structured,
+            cfg.sampling.penalized,  # penalties keep drafts of repeats from being accepted
         )
         if key not in self._policies:
             costs = self.cost_curve(learned) if policy_name == "cost" else None

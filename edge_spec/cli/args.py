@@ -170,6 +170,15 @@ def add_sampling_arguments(
     parser.add_argument("--top-p", type=float, default=top_p)
     parser.add_argument("--min-p", type=float, default=min_p)
     parser.add_argument(
+        "--repeat-penalty",
+        type=float,
+        default=1.0,
+        help="divide the logits of the last --repeat-last-n tokens by this (1: off)",
+    )
+    parser.add_argument("--repeat-last-n", type=int, default=64)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument(
         "--seed",
         type=_seed,
         default=None,
@@ -259,6 +268,10 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
             top_p=args.top_p,
             min_p=args.min_p,
             seed=args.seed,
+            repeat_penalty=args.repeat_penalty,
+            repeat_last_n=args.repeat_last_n,
+            presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
         ),
         **structured_options(args),
     )

@@ -30,6 +30,7 @@ from edge_spec.errors import ContextOverflowError, InvalidRequestError
 from edge_spec.policy.trees import alternate_tree, token_tree
 from edge_spec.policy.types import KPolicy, SourceName, StepOutcome, StepPlan
 from edge_spec.sampling.keys import SampleKeys
+from edge_spec.sampling.penalties import penalize_rows
 from edge_spec.sampling.transform import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -359,13 +360,15 @@ def _target_pass(
     logprobs: int | None = None,
 ) -> tuple[Verdict, np.ndarray | None, tuple[RowLogprobs, ...]]:
     """One target pass over [last token, draft...] (a chain, or a token tree with one sequence
-    per branch), verified; the cache keeps what was accepted. With want_hidden, also the hidden
+    per branch), verified (each row penalized first where the request has penalties); the
+    cache keeps what was accepted. With want_hidden, also the hidden
     state of the row that chose the target's own token (the last accepted one's row); with
     logprobs, the produced tokens' logprobs."""
     batch = [context[-1], *draft.tokens]
     if draft.parents:
         logits = target.decode_tree(batch, (-1, *(p + 1 for p in draft.parents)))
-        args = (draft.tokens, draft.parents, logits, sampling, keys, len(context))
+        rows = penalize_rows(logits, context, draft.tokens, draft.parents, sampling)
+        args = (draft.tokens, draft.parents, rows, sampling, keys, len(context))
         verdict = (
             verify_constrained(*args, constraint) if constraint is not None else verify_tree(*args)
         )
@@ -374,12 +377,13 @@ def _target_pass(
         target.keep_tree([i + 1 for i in verdict.path])
         return verdict, hidden, scored
     logits = target.decode(batch, range(len(batch)))  # (k + 1, n_vocab), a view
+    rows = penalize_rows(logits, context, draft.tokens, (), sampling)  # logits where none
     if constraint is not None:
         verdict = verify_constrained(
-            draft.tokens, (), logits, sampling, keys, len(context), constraint
+            draft.tokens, (), rows, sampling, keys, len(context), constraint
         )
     else:
-        verdict = _verify(draft, logits, sampling, keys, len(context))
+        verdict = _verify(draft, rows, sampling, keys, len(context))
     hidden = target.hidden(verdict.n_accepted) if want_hidden else None
     scored = _logprobs(logits, verdict, logprobs)
     target.truncate(len(context) + verdict.n_accepted)  # drop rejected drafts' KV

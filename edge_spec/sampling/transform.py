@@ -50,6 +50,14 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     seed: int | None = None  # None = fresh entropy
+    # llama.cpp's penalties, applied to the logits before everything above (penalties.py):
+    # over the last repeat_last_n tokens of the context (prompt and answer), a token's logit is
+    # divided by repeat_penalty (multiplied, if negative), then lowered by frequency_penalty
+    # per occurrence and presence_penalty once. The defaults are off.
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -63,11 +71,27 @@ class SamplingParams:
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise InvalidRequestError(f"seed must be None or an integer >= 0, got {self.seed!r}")
+        r = self.repeat_penalty
+        if not _is_real(r) or not 0 < r <= 10:  # NaN fails the comparison
+            raise InvalidRequestError(f"repeat_penalty must be in (0, 10], got {r!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:  # OpenAI's range
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value!r}")
+        n = self.repeat_last_n
+        if not _is_int(n) or not 0 <= n <= 1 << 20:
+            raise InvalidRequestError(f"repeat_last_n must be an integer >= 0, got {n!r}")
 
     @property
     def greedy(self) -> bool:
         """True when tokens are chosen by argmax over logits (temperature 0)."""
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """True when a penalty changes the logits (one is on and its window is not empty)."""
+        on = self.repeat_penalty != 1 or self.presence_penalty or self.frequency_penalty
+        return bool(on) and self.repeat_last_n > 0
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

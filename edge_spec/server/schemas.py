@@ -29,6 +29,7 @@ _COMMON = frozenset(
     + ("n", "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
     + ("prompt_cache_key",)  # OpenAI's: requests sharing one share an n-gram session here
     + ("top_k", "min_p", "speculative", "draft_mode")  # extensions
+    + ("repeat_penalty", "repeat_last_n")  # llama.cpp's server extensions
     + ("response_format", "grammar", "json_schema")  # structured output (the last two: llama.cpp's)
 )
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -51,8 +52,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
     "functions": (None, []),  # the deprecated forms of tools and tool_choice
     "function_call": (None, "none"),
@@ -296,6 +295,10 @@ def _parsed(
             min_p=_number(fields, "min_p", 0.0, high=1.0),
             top_k=_int(fields, "top_k", 0),
             seed=_int(fields, "seed", None),
+            presence_penalty=_penalty(fields, "presence_penalty"),
+            frequency_penalty=_penalty(fields, "frequency_penalty"),
+            repeat_penalty=_number(fields, "repeat_penalty", 1.0, high=10.0),
+            repeat_last_n=_int(fields, "repeat_last_n", 64),
         )
         config = replace(
             limits.base,
@@ -395,6 +398,18 @@ def _number(fields: Mapping[str, Any], name: str, default: float, *, high: float
         raise bad(f"'{name}' must be a number, got {value!r}", name, "invalid_type")
     if not math.isfinite(value) or not 0 <= value <= high:
         raise bad(f"'{name}' must be in [0, {high:g}], got {value!r}", name)
+    return float(value)
+
+
+def _penalty(fields: Mapping[str, Any], name: str) -> float:
+    """OpenAI's presence_penalty or frequency_penalty: a number in [-2, 2], 0 by default."""
+    value = fields.get(name)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(f"'{name}' must be a number, got {value!r}", name, "invalid_type")
+    if not math.isfinite(value) or not -2 <= value <= 2:
+        raise bad(f"'{name}' must be in [-2, 2], got {value!r}", name)
     return float(value)
 
 
