@@ -94,6 +94,12 @@ def test_penalized_output_is_the_same_with_drafts_and_changed_by_the_penalty(
         got = spec.generate(prompt, max_tokens=24, draft_mode="model", k=3, **options)
         assert got.token_ids == alone.token_ids and got.stats.n_accepted > 0, options
     assert alone.token_ids != plain.token_ids
+    banned = plain.token_ids[0]  # a logit bias of -100 keeps a token out, drafted or not
+    for mode in ("none", "ngram"):
+        got = spec.generate(prompt, max_tokens=24, draft_mode=mode, logit_bias=((banned, -100.0),))
+        assert banned not in got.token_ids
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        spec.generate(prompt, max_tokens=2, logit_bias=((10**7, 1.0),))
 
 
 def test_stop_string_ends_generation(spec: EdgeSpec) -> None:

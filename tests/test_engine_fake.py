@@ -650,13 +650,17 @@ def _penalized_reference(model, prompt: list[int], n: int, params: SamplingParam
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(**PENALTIES), SamplingParams(temperature=0.9, seed=6, **PENALTIES)],
+    [
+        SamplingParams(**PENALTIES),
+        SamplingParams(temperature=0.9, seed=6, **PENALTIES),
+        SamplingParams(logit_bias=((2, -100.0), (0, 2.5))),
+    ],
 )
 def test_penalized_output_is_the_penalized_targets_own_whatever_was_drafted(params) -> None:
-    """With repetition penalties every row of a verification batch is penalized with the
-    tokens before it on its path: model drafts, n-gram chains and token trees give exactly the
-    penalized target alone's tokens (greedy: the one-token-at-a-time reference), and the
-    penalties really change the text."""
+    """With repetition penalties (or a logit bias) every row of a verification batch is
+    penalized with the tokens before it on its path: model drafts, n-gram chains and token
+    trees give exactly the penalized target alone's tokens (greedy: the one-token-at-a-time
+    reference), and the penalties really change the text."""
     model = make_target()
     prompt = [1, 2, 3, 1, 2, 4, 0, 1, 2, 3, 1, 2]
     alone = generate(NoDraft(), FakeLlama(model), prompt, 0, 40, params)
@@ -690,3 +694,5 @@ def test_penalties_follow_llama_cpp() -> None:
     assert got.tolist() == pytest.approx([2.0 / 2 - 1.0 - 0.25, -1.0 * 2 - 0.5 - 0.25, 0.5, 3.0])
     assert row.tolist() == [2.0, -1.0, 0.5, 3.0]  # the caller's row is untouched
     assert penalize(row, [0, 1], SamplingParams()) is row
+    biased = penalize(row, [0, 1], SamplingParams(logit_bias=((3, -100.0),)))
+    assert biased.tolist() == pytest.approx([2.0, -1.0, 0.5, -97.0])

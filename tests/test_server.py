@@ -492,6 +492,9 @@ def test_session_limits_hold_per_scope_so_one_key_cannot_push_out_another() -> N
         ("presence_penalty", -0.5, True),
         ("frequency_penalty", 1.5, True),
         ("repeat_penalty", 1.1, True),
+        ("logit_bias", {"42": -100, "7": 5.5}, True),
+        ("logit_bias", {"x": 1}, False),
+        ("logit_bias", {"42": 101}, False),
         ("logprobs", 1, False),
         ("top_logprobs", 3, False),  # only beside logprobs: true
     ],

@@ -223,6 +223,12 @@ class EdgeSpec:
                 "draft_mode 'head' needs a draft head: none was trained for this target "
                 "(edge-spec head train)"
             )
+        n_vocab = self.target.n_vocab
+        outside = [t for t, _ in cfg.sampling.logit_bias if t >= n_vocab]
+        if outside:
+            raise InvalidRequestError(
+                f"logit_bias names token {outside[0]}, outside the vocabulary [0, {n_vocab})"
+            )
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")

@@ -1,4 +1,5 @@
-"""llama.cpp's repetition penalties (its `penalties` sampler, first in its default chain): over
+"""OpenAI's logit_bias, then llama.cpp's repetition penalties (its `logit_bias` and `penalties`
+samplers, first in its default chain). The bias is added to its tokens' logits. Over
 the last repeat_last_n tokens of the context, each token that occurs c > 0 times there has its
 logit divided by repeat_penalty (multiplied where the logit is negative), then lowered by
 c * frequency_penalty + presence_penalty. OpenAI's presence_penalty and frequency_penalty are
@@ -20,13 +21,18 @@ from edge_spec.sampling.transform import SamplingParams
 
 
 def penalize(row: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
-    """A copy of a logits row with the penalties of `history` (the tokens before its position,
-    oldest first) applied; the row itself when no penalty is on."""
+    """A copy of a logits row with the logit bias and the penalties of `history` (the tokens
+    before its position, oldest first) applied; the row itself when neither is on. Requires
+    the bias's token ids inside the row."""
     if not params.penalized:
         return row
-    window = history[-params.repeat_last_n :]
-    counts = Counter(t for t in window if 0 <= t < row.shape[0])
     out = row.copy()
+    for token, bias in params.logit_bias:
+        out[token] += np.float32(bias)
+    if params.repeat_penalty == 1 and not (params.presence_penalty or params.frequency_penalty):
+        return out
+    window = history[-params.repeat_last_n :] if params.repeat_last_n else []
+    counts = Counter(t for t in window if 0 <= t < row.shape[0])
     if not counts:
         return out
     ids = np.fromiter(counts, dtype=np.int64, count=len(counts))

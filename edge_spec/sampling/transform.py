@@ -28,6 +28,7 @@ __all__ = [
 # Candidate-set sizes top-p tries before a full sort: the nucleus is usually small, and each try
 # costs O(n_vocab) where a full sort of a 262,144-token row costs O(n_vocab log n_vocab).
 _TOP_P_TRIES = (64, 1024, 16384)
+MAX_LOGIT_BIAS = 1024
 
 
 def _is_int(value: object) -> bool:
@@ -58,6 +59,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_last_n: int = 64
+    # OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs (or a {token id: bias} dict)
+    # added to the logits first.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -81,6 +85,25 @@ class SamplingParams:
         n = self.repeat_last_n
         if not _is_int(n) or not 0 <= n <= 1 << 20:
             raise InvalidRequestError(f"repeat_last_n must be an integer >= 0, got {n!r}")
+        bias = self.logit_bias
+        if isinstance(bias, dict):  # {token id: bias}, as OpenAI sends it (keys may be text)
+            try:
+                bias = tuple(sorted((int(t), b) for t, b in bias.items()))
+            except (TypeError, ValueError):
+                raise InvalidRequestError("logit_bias keys must be token ids") from None
+        elif isinstance(bias, list):
+            bias = tuple(tuple(pair) if isinstance(pair, list) else pair for pair in bias)
+        object.__setattr__(self, "logit_bias", bias)
+        if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(
+                f"logit_bias must be a tuple of at most {MAX_LOGIT_BIAS} (token, bias) pairs"
+            )
+        for pair in bias:
+            ok = isinstance(pair, tuple) and len(pair) == 2 and _is_int(pair[0]) and pair[0] >= 0
+            if not ok or not _is_real(pair[1]) or not -100 <= pair[1] <= 100:
+                raise InvalidRequestError(
+                    f"logit_bias holds (token id >= 0, bias in [-100, 100]) pairs, got {pair!r}"
+                )
 
     @property
     def greedy(self) -> bool:
@@ -89,9 +112,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """True when a penalty changes the logits (one is on and its window is not empty)."""
+        """True when a logit bias or a penalty changes the logits (penalties.py)."""
         on = self.repeat_penalty != 1 or self.presence_penalty or self.frequency_penalty
-        return bool(on) and self.repeat_last_n > 0
+        return bool(self.logit_bias) or (bool(on) and self.repeat_last_n > 0)
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

@@ -17,7 +17,7 @@ from edge_spec.constrain.spec import Constraint, parse_tool_choice, parse_tools
 from edge_spec.decode.logprobs import MAX_TOP_LOGPROBS
 from edge_spec.errors import InvalidRequestError
 from edge_spec.models.templates import ROLE_ALIASES, ROLES
-from edge_spec.sampling.transform import SamplingParams
+from edge_spec.sampling.transform import MAX_LOGIT_BIAS, SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound for /v1/completions' logprobs
@@ -52,7 +52,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
     "functions": (None, []),  # the deprecated forms of tools and tool_choice
     "function_call": (None, "none"),
     "store": (None, False),  # nothing is stored here
@@ -299,6 +298,7 @@ def _parsed(
             frequency_penalty=_penalty(fields, "frequency_penalty"),
             repeat_penalty=_number(fields, "repeat_penalty", 1.0, high=10.0),
             repeat_last_n=_int(fields, "repeat_last_n", 64),
+            logit_bias=_logit_bias(fields.get("logit_bias")),
         )
         config = replace(
             limits.base,
@@ -399,6 +399,27 @@ def _number(fields: Mapping[str, Any], name: str, default: float, *, high: float
     if not math.isfinite(value) or not 0 <= value <= high:
         raise bad(f"'{name}' must be in [0, {high:g}], got {value!r}", name)
     return float(value)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]}."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping) or len(value) > MAX_LOGIT_BIAS:
+        raise bad(
+            f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases", "logit_bias"
+        )
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 10 else None
+        if token is None:
+            raise bad(f"'logit_bias' keys are token ids, got {key!r}", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise bad(f"'logit_bias' values are numbers, got {bias!r}", "logit_bias")
+        if not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise bad(f"'logit_bias' values must be in [-100, 100], got {bias!r}", "logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(sorted(pairs))
 
 
 def _penalty(fields: Mapping[str, Any], name: str) -> float:
