@@ -102,6 +102,20 @@ def test_penalized_output_is_the_same_with_drafts_and_changed_by_the_penalty(
         spec.generate(prompt, max_tokens=2, logit_bias=((10**7, 1.0),))
 
 
+def test_a_prompt_of_token_ids_is_the_same_prompt(spec: EdgeSpec) -> None:
+    """Token ids (the prompt as the target tokenizes it, BOS included) give the text's answer;
+    ids outside the vocabulary are one clear error."""
+    text = "The three primary colors are"
+    ids = spec.tokenize(text)
+    got = spec.generate(ids, max_tokens=12, draft_mode="none")
+    assert got.token_ids == spec.generate(text, max_tokens=12, draft_mode="none").token_ids
+    assert got.prompt_token_ids == tuple(ids)
+    for bad in ([spec.target.n_vocab], [], [1.5], [True]):
+        with pytest.raises(InvalidRequestError):
+            spec.generate(bad, max_tokens=2)
+    assert spec.generate(text, max_tokens=2).token_ids
+
+
 def test_stop_string_ends_generation(spec: EdgeSpec) -> None:
     free = spec.generate("List the days of the week: Monday, Tuesday,", max_tokens=40)
     word = free.text.split(",")[2]  # something the model is known to produce

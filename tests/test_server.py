@@ -87,6 +87,12 @@ def test_completion_request_becomes_a_generation_config() -> None:
     assert (s.temperature, s.top_p, s.seed, s.top_k, s.min_p) == (0.0, 0.9, 7, 40, 0.05)
 
 
+def test_a_prompt_of_token_ids_is_taken_as_it_is() -> None:
+    """OpenAI's completions take one prompt as token ids too (benchmark clients send them)."""
+    for prompt in ([1, 2, 3], [[1, 2, 3]]):
+        assert parse_completion({"model": "m", "prompt": prompt}, LIMITS).prompt == (1, 2, 3)
+
+
 def test_defaults_follow_openai() -> None:
     completion = parse_completion({"model": "m", "prompt": "x"}, LIMITS)
     assert completion.config.max_tokens == 16  # OpenAI's completions default
@@ -122,7 +128,9 @@ def test_defaults_follow_openai() -> None:
         ({"prompt": "x"}, "model"),
         ({"model": "m"}, "prompt"),
         ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
-        ({"model": "m", "prompt": [1, 2, 3]}, "prompt"),
+        ({"model": "m", "prompt": [1, -2, 3]}, "prompt"),
+        ({"model": "m", "prompt": [[1, 2], [3]]}, "prompt"),
+        ({"model": "m", "prompt": [1, "two"]}, "prompt"),
         ({"model": "m", "prompt": "x", "n": 2}, "n"),
         ({"model": "m", "prompt": "x", "n": True}, "n"),
         ({"model": "m", "prompt": "x", "echo": True}, "echo"),
@@ -658,6 +666,10 @@ def test_completion_with_stats_and_usage(server: LiveServer) -> None:
     assert plain.model_extra["edge_spec"]["n_drafted"] == 0
     assert plain.model_extra["edge_spec"]["draft_mode"] == "none"
     assert plain.choices[0].text == choice.text
+
+    # A prompt of token ids, as benchmark clients send it.
+    ids = client.completions.create(model=MODEL_ALIAS, prompt=[1, 504, 3458], max_tokens=4)
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 4
 
     # A stop string ends the text before it; OpenAI reports "stop".
     word = choice.text.split(",")[1]

@@ -149,7 +149,7 @@ class EdgeSpec:
     # ---- public calls ----------------------------------------------------------------------
 
     def generate(
-        self, prompt: str, config: GenerationConfig | None = None, **options: Any
+        self, prompt: str | Sequence[int], config: GenerationConfig | None = None, **options: Any
     ) -> GenerationResult:
         """Complete `prompt`; options override fields of `config` (see GenerationConfig)."""
         for delta in self.stream(prompt, config, **options):
@@ -209,11 +209,12 @@ class EdgeSpec:
         return self.target.tokenize(text, add_special=True, parse_special=True)
 
     def stream(
-        self, prompt: str, config: GenerationConfig | None = None, **options: Any
+        self, prompt: str | Sequence[int], config: GenerationConfig | None = None, **options: Any
     ) -> Iterator[TextDelta]:
-        """Yields text deltas as tokens are accepted; the last delta carries the result."""
-        if not isinstance(prompt, str):
-            raise InvalidRequestError("the prompt must be a string")
+        """Yields text deltas as tokens are accepted; the last delta carries the result. The
+        prompt is text, or the target's token ids as they are (no BOS added)."""
+        if not isinstance(prompt, str) and not _token_ids(prompt):
+            raise InvalidRequestError("the prompt must be a string or a list of token ids")
         cfg = _config(config, options)
         mode: DraftMode = cfg.draft_mode or self.default_draft_mode
         if mode == "model" and "model" not in self._sources:
@@ -229,7 +230,12 @@ class EdgeSpec:
             raise InvalidRequestError(
                 f"logit_bias names token {outside[0]}, outside the vocabulary [0, {n_vocab})"
             )
-        prompt_ids = self.tokenize(prompt)
+        if isinstance(prompt, str):
+            prompt_ids = self.tokenize(prompt)
+        else:
+            prompt_ids = [int(t) for t in prompt]
+            if any(not 0 <= t < n_vocab for t in prompt_ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {n_vocab})")
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
         constraint = self._constraint(cfg)  # a bad schema or grammar fails here, not mid-stream
@@ -468,6 +474,15 @@ def _draft_name(source: DraftSource | None, draft: Path | None, head: Path | Non
     if source is None:
         return None
     return str(head) if isinstance(source, HeadDraft) else str(draft)
+
+
+def _token_ids(prompt: object) -> bool:
+    """Whether a prompt is a non-empty list (or tuple) of token ids."""
+    return (
+        isinstance(prompt, (list, tuple))
+        and bool(prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    )
 
 
 def _join(spans: Sequence[Span]) -> str:

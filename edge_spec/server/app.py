@@ -208,7 +208,7 @@ async def _serve(
         def start(spec: EdgeSpec) -> Any:
             return spec.stream_chat(messages, req.config)
     else:
-        prompt = req.prompt or ""
+        prompt = req.prompt if req.prompt is not None else ""
 
         def start(spec: EdgeSpec) -> Any:
             return spec.stream(prompt, req.config)

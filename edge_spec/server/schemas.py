@@ -112,7 +112,7 @@ class RequestLimits:
 @dataclass(frozen=True)
 class ParsedRequest:
     model: str
-    prompt: str | None  # /v1/completions
+    prompt: str | tuple[int, ...] | None  # /v1/completions: text or token ids
     messages: tuple[dict[str, Any], ...] | None  # /v1/chat/completions
     config: GenerationConfig
     stream: bool
@@ -123,11 +123,15 @@ def parse_completion(body: object, limits: RequestLimits) -> ParsedRequest:
     """Requires a JSON object in OpenAI's completions shape; raises APIError(400) otherwise."""
     fields = _check_fields(body, _COMPLETION)
     prompt = fields.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        raise bad("only one prompt string per request is supported", "prompt")
-    if not isinstance(prompt, str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # one prompt, as a string or as token ids
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise bad("prompt token ids must be >= 0", "prompt")
+        prompt = tuple(prompt)
+    elif isinstance(prompt, list):
+        raise bad("one prompt per request: a string or an array of token ids", "prompt")
+    elif not isinstance(prompt, str):
         raise bad("'prompt' must be a string", "prompt", "missing_required_parameter")
     max_tokens = _int(fields, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     logprobs = _int(fields, "logprobs", None)  # the top alternatives per token, or null
@@ -267,7 +271,7 @@ def _parsed(
     limits: RequestLimits,
     max_tokens: int,
     *,
-    prompt: str | None = None,
+    prompt: str | tuple[int, ...] | None = None,
     messages: tuple[dict[str, str], ...] | None = None,
     logprobs: int | None = None,
 ) -> ParsedRequest:
@@ -377,6 +381,10 @@ def _stop(value: object) -> tuple[str, ...]:
     if len(stops) > MAX_STOP_STRINGS:
         raise bad(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", "stop")
     return tuple(stops)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int(fields: Mapping[str, Any], name: str, default: Any) -> Any:
