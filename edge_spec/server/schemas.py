@@ -169,18 +169,27 @@ def _chat_logprobs(fields: Mapping[str, Any]) -> int | None:
     return top or 0
 
 
-def _check_fields(body: object, allowed: frozenset[str]) -> dict[str, Any]:
+def check_known(
+    body: object, allowed: frozenset[str], off_values: Mapping[str, tuple[Any, ...]]
+) -> Mapping[str, Any]:
+    """A JSON object holding only `allowed` fields, each of `off_values`' fields at a value
+    that means "feature off"; raises APIError(400) naming the first field that is not."""
     if not isinstance(body, Mapping):
         raise bad("the request body must be a JSON object", code="invalid_request")
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
-    for name, off in _OFF_VALUES.items():
+    for name, off in off_values.items():
         value = body.get(name)
         # `False == 0` and `0.0 == 0` in Python: compare types too, so `n: true` is refused.
         if name in body and not any(type(value) is type(v) and value == v for v in off):
             if not (isinstance(value, float) and value == 0 and 0 in off):
                 raise bad(f"'{name}' is not supported by this server (got {value!r})", name)
+    return body
+
+
+def _check_fields(body: object, allowed: frozenset[str]) -> dict[str, Any]:
+    body = check_known(body, allowed, _OFF_VALUES)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' must be a non-empty string", "model", "missing_required_parameter")

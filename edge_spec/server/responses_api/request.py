@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_spec.server.schemas import ParsedRequest, RequestLimits, bad, parse_chat
+from edge_spec.server.schemas import (
+    ParsedRequest,
+    RequestLimits,
+    bad,
+    check_known,
+    parse_chat,
+)
 
 # Copied to the chat request as they are (their checks are the chat fields').
 _PASSED = (
@@ -54,14 +60,7 @@ class ResponseEcho:
 def parse_responses(body: object, limits: RequestLimits) -> tuple[ParsedRequest, ResponseEcho]:
     """Requires a JSON object in OpenAI's Responses shape with text input and function tools;
     raises APIError(400) naming the field otherwise."""
-    if not isinstance(body, Mapping):
-        raise bad("the request body must be a JSON object", code="invalid_request")
-    unknown = sorted(set(body) - _ALLOWED)
-    if unknown:
-        raise bad(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
-    for name, off in _OFF_VALUES.items():
-        if body.get(name) not in off or type(body.get(name)) not in {type(v) for v in off}:
-            raise bad(f"'{name}' is not supported by this server (got {body.get(name)!r})", name)
+    body = check_known(body, _ALLOWED, _OFF_VALUES)
     if body.get("truncation") not in (None, "disabled"):  # "auto" would drop items: not here
         raise bad("'truncation' may only be 'disabled'", "truncation")
     store = body.get("store", True)
