@@ -1106,6 +1106,13 @@ _FIELDS = (
     "max_output_tokens",
     "text",
     "tools",
+    "top_logprobs",
+    "include",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
 )
 
 
