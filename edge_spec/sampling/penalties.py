@@ -23,12 +23,13 @@ from edge_spec.sampling.transform import SamplingParams
 def penalize(row: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
     """A copy of a logits row with the logit bias and the penalties of `history` (the tokens
     before its position, oldest first) applied; the row itself when neither is on. Requires
-    the bias's token ids inside the row."""
+    nothing: ids the row has not (a draft's smaller vocabulary) are left out."""
     if not params.penalized:
         return row
     out = row.copy()
     for token, bias in params.logit_bias:
-        out[token] += np.float32(bias)
+        if token < out.shape[0]:
+            out[token] += np.float32(bias)
     if params.repeat_penalty == 1 and not (params.presence_penalty or params.frequency_penalty):
         return out
     window = history[-params.repeat_last_n :] if params.repeat_last_n else []
