@@ -1248,6 +1248,8 @@ def test_the_responses_api_through_the_openai_client(server: LiveServer) -> None
     )
     assert done.output_text == chat.choices[0].message.content and done.output_text
     assert done.usage is not None and done.usage.input_tokens == chat.usage.prompt_tokens
+    # The same prompt again: its KV prefix was kept from the request before.
+    assert chat.usage.prompt_tokens_details.cached_tokens > 0
     assert done.model_extra["edge_spec"]["n_drafted"] > 0
     events = list(
         client.responses.create(

@@ -47,12 +47,14 @@ class Envelope:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
+def usage(result: GenerationResult) -> dict[str, Any]:
     n_prompt, n_completion = len(result.prompt_token_ids), len(result.token_ids)
     return {
         "prompt_tokens": n_prompt,
         "completion_tokens": n_completion,
         "total_tokens": n_prompt + n_completion,
+        # Prompt tokens whose KV the target kept from the request before (OpenAI's field).
+        "prompt_tokens_details": {"cached_tokens": result.stats.n_cached_tokens},
     }
 
 

@@ -16,7 +16,11 @@ def _usage(result: GenerationResult) -> dict[str, Any]:
     n_input, n_output = len(result.prompt_token_ids), len(result.token_ids)
     return {
         "input_tokens": n_input,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        # Prompt tokens whose KV the target kept from the request before.
+        "input_tokens_details": {
+            "cached_tokens": result.stats.n_cached_tokens,
+            "cache_write_tokens": 0,
+        },
         "output_tokens": n_output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": n_input + n_output,
