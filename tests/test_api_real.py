@@ -53,7 +53,7 @@ def test_stream_deltas_join_to_the_generated_text(spec: EdgeSpec) -> None:
 
 def test_logprobs_are_the_targets_own_with_drafts_and_come_per_token(spec: EdgeSpec) -> None:
     """Asked for, every token has its logprob and its row's top alternatives: with drafts the
-    same as the target alone's up to batching noise (measured here: 0 at k = 3, up to 5.5e-3
+    same as the target alone's up to batching noise (measured here: 0 at k = 3, up to 5e-3
     with the cost policy's longer batches), the chosen
     token first at T = 0, and one per token id in each streamed delta; not asked for, none."""
     prompt = "Repeat: one two three four five. Repeat: one two three four five. Repeat:"

@@ -261,8 +261,9 @@ def _structured(kwargs: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class TokenLogprob:
     """A token of the answer and its log-probability under the target: the log-softmax of the
-    target's logits at its position, before temperature, top-k/top-p/min-p or a grammar (as
-    OpenAI and llama.cpp report them); `top`: that position's most likely tokens, best first."""
+    target's logits at its position, before a bias, penalties, temperature, top-k/top-p/min-p
+    or a grammar (as OpenAI and llama.cpp report them); `top`: that position's most likely
+    tokens, best first."""
 
     token_id: int
     token_bytes: bytes

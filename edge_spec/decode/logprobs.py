@@ -1,10 +1,11 @@
 """Log-probabilities of the tokens a step produced, read from the target rows that chose them.
 
 They are the target model's own distribution: the log-softmax of its logits row, before the
-request's temperature, top-k/top-p/min-p or grammar mask (what OpenAI's and llama.cpp's servers
-report). A drafted token accepted in a step gets the logprob of the same row the target alone
-would have read at that position (up to llama.cpp's batching noise, docs/exactness.md), so
-logprobs, like the text, do not depend on what was drafted. Pure numpy.
+request's logit bias, penalties, temperature, top-k/top-p/min-p or grammar mask (what
+OpenAI's and llama.cpp's servers report). A drafted token accepted in a step gets the logprob
+of the same row the target alone would have read at that position (up to llama.cpp's
+batching noise, docs/exactness.md), so logprobs, like the text, do not depend on what was
+drafted. Pure numpy.
 """
 
 from __future__ import annotations
