@@ -1113,6 +1113,9 @@ _FIELDS = (
     "frequency_penalty",
     "repeat_penalty",
     "repeat_last_n",
+    "system",
+    "stop_sequences",
+    "tool_choice",
 )
 
 
@@ -1121,7 +1124,8 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     """A route and a body: a JSON object whose fields hold anything (valid values, wrong types,
     huge and negative numbers, control characters, NUL, deep nesting), or raw bytes that are
     not valid UTF-8 or not JSON at all."""
-    route = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/responses"]))
+    routes = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"]
+    route = draw(st.sampled_from(routes))
     kind = draw(st.sampled_from(["fields", "fields", "fields", "raw", "deep"]))
     if kind == "raw":
         return route, draw(st.binary(max_size=200))
@@ -1337,6 +1341,68 @@ def _same_logprobs(got: list[Any], expected: list[Any]) -> bool:
     return [t.token for t in got] == [t.token for t in expected] and all(
         abs(a.logprob - b.logprob) < 0.05 for a, b in zip(got, expected)
     )
+
+
+@models
+def test_the_messages_api_through_anthropics_client(server: LiveServer) -> None:
+    """Anthropic's client (x-api-key): the message is the chat completion's (same
+    conversation, greedy), streamed as events adding up to it; a forced tool_use block whose
+    tool_result gets an answer; a stop sequence named; errors in Anthropic's shape."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=server.api_key, max_retries=0)
+    ask = "Say 'The quick brown fox jumps over the lazy dog.' exactly."
+    greedy = {"temperature": 0}  # an extension: the current API sends none
+    options: dict[str, Any] = dict(model=MODEL_ALIAS, max_tokens=24, extra_body=greedy)
+    turn = [{"role": "user", "content": ask}]
+    done = client.messages.create(system="You are terse.", messages=turn, **options)
+    chat = server.client().chat.completions.create(
+        model=MODEL_ALIAS,
+        messages=[{"role": "system", "content": "You are terse."}, *turn],
+        max_tokens=24,
+        temperature=0,
+    )
+    assert done.content[0].text == chat.choices[0].message.content
+    assert done.usage.input_tokens == chat.usage.prompt_tokens
+    assert done.stop_reason in ("end_turn", "max_tokens")
+    with client.messages.stream(system="You are terse.", messages=turn, **options) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == done.content[0].text == final.content[0].text
+
+    weather = WEATHER_TOOL["function"]
+    tools = [{"name": weather["name"], "input_schema": weather["parameters"]}]
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    one_call = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+    called = client.messages.create(
+        model=MODEL_ALIAS, max_tokens=48, extra_body=greedy, messages=asked, tools=tools,
+        tool_choice=one_call,
+    )  # fmt: skip
+    uses = [b for b in called.content if b.type == "tool_use"]
+    assert called.stop_reason == "tool_use" and uses and "city" in uses[0].input
+    history = [
+        *asked,
+        {"role": "assistant", "content": [b.model_dump() for b in called.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny"}],
+        },
+    ]
+    answer = client.messages.create(messages=history, tools=tools, **options)
+    assert answer.content and answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+    word = done.content[0].text.split()[2]
+    stopped = client.messages.create(messages=turn, stop_sequences=[word], **options)
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(
+            messages=turn, thinking={"type": "enabled", "budget_tokens": 1024}, **options
+        )
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(
+            messages=turn, **options
+        )
 
 
 @models

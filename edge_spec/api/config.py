@@ -308,6 +308,8 @@ class GenerationResult:
     constraint_complete: bool | None = None
     # One per token of token_ids where the request asked for logprobs; None otherwise.
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # The stop string that ended the answer (finish_reason "stop"), else None.
+    stop_string: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

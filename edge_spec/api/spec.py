@@ -335,6 +335,7 @@ class EdgeSpec:
                 content=content,
                 constraint_complete=constraint.complete if constraint is not None else None,
                 logprobs=tuple(scored) if cfg.logprobs is not None else None,
+                stop_string=text.matched if finish == "stop" else None,
             )
             self._learned.request_done()
             last = tuple(scored[len(token_ids) - len(new_ids) :])

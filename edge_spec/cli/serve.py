@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/responses,
-/v1/models, /metrics) on one pair, speculating on every request. Needs the server extra
-(pip install 'edge-spec[server]'); nothing of it is imported until the command runs.
+/v1/models, /metrics, and Anthropic's /v1/messages) on one pair, speculating on every
+request. Needs the server extra (pip install 'edge-spec[server]'); nothing of it is imported
+until the command runs.
 
     edge-spec serve                                     # the chat pair on 127.0.0.1:8080
     edge-spec serve -m smollm2-135m-f16 --port 9000 --api-key secret

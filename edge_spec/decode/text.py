@@ -18,6 +18,7 @@ class TextAssembler:
         self._drafted = bytearray()  # per character of text: 1 if an accepted draft gave it
         self._emitted = 0  # how much of self.text was handed out
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, data: bytes, from_draft: bool = False) -> bool:
         """Adds a token's bytes; returns True when a stop string has now appeared (the text is
@@ -34,6 +35,7 @@ class TextAssembler:
                 self.text = self.text[:at]
                 del self._drafted[at:]
                 self.stopped = True
+                self.matched = stop
         return self.stopped
 
     def take_ready(self) -> str:

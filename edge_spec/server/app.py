@@ -1,6 +1,6 @@
-"""The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses
-(JSON or SSE), plus /health and /metrics. One worker thread owns the models (see worker.py);
-handlers only parse, queue, wait and format."""
+"""The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses,
+Anthropic's /v1/messages (JSON or SSE), plus /health and /metrics. One worker thread owns the
+models (see worker.py); handlers only parse, queue, wait and format."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from edge_spec.api import EdgeSpec
 from edge_spec.drafts.ngram import SCOPE_SEP
 from edge_spec.errors import ContextOverflowError, InvalidRequestError, RpcError
 from edge_spec.server import responses as out
+from edge_spec.server.messages_api import MessageShape, error_body, parse_messages
 from edge_spec.server.metrics import (
     CLIENT_CLOSED,
     CONTENT_TYPE,
@@ -116,10 +117,13 @@ def create_app(
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
     def caller_key(request: Request) -> str | None:
-        """The API key a request presents, if it is one of the server's (None otherwise)."""
+        """The API key a request presents (`Authorization: Bearer`, or Anthropic's
+        `x-api-key`), if it is one of the server's (None otherwise)."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":
-            return None
+            token = request.headers.get("x-api-key", "")
+            if not token:
+                return None
         given = token.strip().encode()
         matches = [k for k in config.api_keys if hmac.compare_digest(given, k.encode())]
         return matches[0] if matches else None
@@ -178,6 +182,15 @@ def create_app(
         env = out.Envelope(chat=True, model=req.model, id=f"resp_{uuid.uuid4().hex}")
         shape = ResponseShape(env, echo, tools=req.config.tool_mode != "none")
         return await _serve(request, worker, config, req, shape)
+
+    @secured.post("/v1/messages")
+    async def create_message(request: Request) -> Response:
+        body = await _read_json(request, config.max_request_bytes)
+        req = parse_messages(body, config.limits)
+        env = out.Envelope(chat=True, model=req.model, id=f"msg_{uuid.uuid4().hex}")
+        return await _serve(
+            request, worker, config, req, MessageShape(env, tools=req.config.tool_mode != "none")
+        )
 
     app.include_router(secured)
     return app
@@ -375,19 +388,23 @@ def _api_error(exc: BaseException, param: str | None = None) -> APIError:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    def as_json(error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    def as_json(request: Request, error: APIError) -> JSONResponse:
+        """OpenAI's error shape, or Anthropic's on its route."""
+        body = error.body()
+        if request.url.path.startswith("/v1/messages"):
+            body = error_body(error.status, error.message)
+        return JSONResponse(body, status_code=error.status, headers=error.headers)
 
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
-        return as_json(_api_error(exc))
+    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
+        return as_json(request, _api_error(exc))
 
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
-        return as_json(APIError(400, f"invalid request: {exc}", code="invalid_request"))
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        return as_json(request, APIError(400, f"invalid request: {exc}", code="invalid_request"))
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         message = "unknown route" if exc.status_code == 404 else str(exc.detail)
-        return as_json(APIError(exc.status_code, message, code=f"http_{exc.status_code}"))
+        return as_json(request, APIError(exc.status_code, message, code=f"http_{exc.status_code}"))
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
