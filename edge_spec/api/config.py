@@ -318,6 +318,7 @@ class GenerationResult:
             "tool_calls": [call.to_dict() for call in self.tool_calls],
             "constraint_complete": self.constraint_complete,
             "finish_reason": self.finish_reason,
+            "stop_string": self.stop_string,
             "token_ids": list(self.token_ids),
             "n_prompt_tokens": len(self.prompt_token_ids),
             "target": self.target,

@@ -133,7 +133,8 @@ def create_app(
         if config.api_keys and key is None:
             raise APIError(
                 401,
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>' "
+                "(or 'x-api-key: <key>')",
                 code="invalid_api_key",
             )
         request.state.session_scope = config.scope(key)
