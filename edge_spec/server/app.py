@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
 import time
@@ -17,16 +16,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_spec.api import EdgeSpec
 from edge_spec.drafts.ngram import SCOPE_SEP
-from edge_spec.errors import ContextOverflowError, InvalidRequestError, RpcError
 from edge_spec.server import responses as out
-from edge_spec.server.messages_api import MessageShape, error_body, parse_messages
+from edge_spec.server.errors import api_error, install_error_handlers, read_json
+from edge_spec.server.messages_api import MessageShape, parse_messages
 from edge_spec.server.metrics import (
     CLIENT_CLOSED,
     CONTENT_TYPE,
@@ -113,7 +110,7 @@ def create_app(
         title="edge-spec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.worker, app.state.metrics = worker, metrics
-    _install_error_handlers(app)
+    install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
     def caller_key(request: Request) -> str | None:
@@ -168,17 +165,17 @@ def create_app(
 
     @secured.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await _read_json(request, config.max_request_bytes)
+        body = await read_json(request, config.max_request_bytes)
         return await _serve(request, worker, config, parse_completion(body, config.limits))
 
     @secured.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await _read_json(request, config.max_request_bytes)
+        body = await read_json(request, config.max_request_bytes)
         return await _serve(request, worker, config, parse_chat(body, config.limits))
 
     @secured.post("/v1/responses")
     async def create_response(request: Request) -> Response:
-        body = await _read_json(request, config.max_request_bytes)
+        body = await read_json(request, config.max_request_bytes)
         req, echo = parse_responses(body, config.limits)
         env = out.Envelope(chat=True, model=req.model, id=f"resp_{uuid.uuid4().hex}")
         shape = ResponseShape(env, echo, tools=req.config.tool_mode != "none")
@@ -186,7 +183,7 @@ def create_app(
 
     @secured.post("/v1/messages")
     async def create_message(request: Request) -> Response:
-        body = await _read_json(request, config.max_request_bytes)
+        body = await read_json(request, config.max_request_bytes)
         req = parse_messages(body, config.limits)
         env = out.Envelope(chat=True, model=req.model, id=f"msg_{uuid.uuid4().hex}")
         return await _serve(
@@ -238,7 +235,7 @@ async def _serve(
             code="queue_full",
         ) from None
     except UnavailableError as exc:
-        raise _api_error(exc) from None
+        raise api_error(exc) from None
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         event = await _first_event(job, config.queue_timeout_s)
@@ -258,7 +255,7 @@ async def _serve(
         return JSONResponse(shape.body(payload.result))
     if kind == "cancelled":
         return Response(status_code=CLIENT_CLOSED)  # nobody is listening; counted as such
-    raise _api_error(payload, shape.param)
+    raise api_error(payload, shape.param)
 
 
 async def _first_event(job: Job, timeout_s: float | None) -> tuple[str, Any]:
@@ -300,7 +297,7 @@ async def _sse(
             if kind == "cancelled":
                 return
             if kind == "error":  # after the first event: the status line has gone already
-                for event in events.error(_api_error(payload, param).body()):
+                for event in events.error(api_error(payload, param).body()):
                     yield event
                 return
             if payload.result is not None:
@@ -335,79 +332,3 @@ def _check_model(config: ServerConfig, model: str) -> None:
             param="model",
             code="model_not_found",
         )
-
-
-async def _read_json(request: Request, limit_bytes: int) -> Any:
-    too_large = APIError(
-        413, f"the request body is larger than {limit_bytes} bytes", code="request_too_large"
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > 8 * limit_bytes:
-        raise too_large  # not worth reading
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit_bytes:
-            chunks.append(chunk)
-        elif size > 8 * limit_bytes:
-            break
-    # Read (and drop) a moderately oversized body so the client sees the 413, not a reset.
-    if size > limit_bytes:
-        raise too_large
-    try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(
-            400, f"the request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    except RecursionError:  # nesting deeper than the parser's stack
-        raise APIError(
-            400, "the request body nests too deeply to be a request", code="invalid_json"
-        ) from None
-
-
-def _api_error(exc: BaseException, param: str | None = None) -> APIError:
-    """`param`: what a prompt too long for the context is blamed on."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ContextOverflowError):
-        return APIError(413, str(exc), param=param, code="context_length_exceeded")
-    if isinstance(exc, InvalidRequestError):
-        return APIError(400, str(exc), code="invalid_value")
-    if isinstance(exc, RpcError):
-        return APIError(503, str(exc), type="server_error", code="rpc_server_lost")
-    if isinstance(exc, UnavailableError):
-        return APIError(
-            503,
-            f"the server is {exc} and cannot take requests",
-            type="server_error",
-            code="unavailable",
-        )
-    log.error("request failed: %r", exc)
-    return APIError(500, f"internal error: {type(exc).__name__}", type="server_error")
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    def as_json(request: Request, error: APIError) -> JSONResponse:
-        """OpenAI's error shape, or Anthropic's on its route."""
-        body = error.body()
-        if request.url.path.startswith("/v1/messages"):
-            body = error_body(error.status, error.message)
-        return JSONResponse(body, status_code=error.status, headers=error.headers)
-
-    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
-        return as_json(request, _api_error(exc))
-
-    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
-        return as_json(request, APIError(400, f"invalid request: {exc}", code="invalid_request"))
-
-    async def on_http(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        message = "unknown route" if exc.status_code == 404 else str(exc.detail)
-        return as_json(request, APIError(exc.status_code, message, code=f"http_{exc.status_code}"))
-
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_api_error)
