@@ -16,7 +16,7 @@ from edge_spec.api import GenerationConfig, GenerationResult
 from edge_spec.constrain.tools import ToolCall
 from edge_spec.decode.stats import StatsCollector
 from edge_spec.server.responses import Envelope
-from edge_spec.server.responses_api import ResponseShape, parse_responses
+from edge_spec.server.responses_api import ResponseShape, ResponseStore, parse_responses
 from edge_spec.server.schemas import APIError, RequestLimits, parse_chat
 
 LIMITS = RequestLimits(GenerationConfig(k=3, k_max=6), max_tokens_limit=256)
@@ -139,7 +139,7 @@ def test_an_assistant_message_and_its_calls_are_one_chat_message() -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"previous_response_id": 5}, "previous_response_id"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"background": True}, "background"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
@@ -253,3 +253,49 @@ def test_an_error_mid_stream_is_an_error_event() -> None:
     raw += events.error({"error": {"message": "lost", "code": "rpc_server_lost", "param": None}})
     parsed = EVENTS.validate_python(json.loads(raw[-1]["data"]))
     assert parsed.type == "error" and parsed.message == "lost"
+
+
+def test_stored_turns_make_the_conversation_per_key_and_expire_oldest_first() -> None:
+    """A chain's turns come back oldest first; another key cannot reach them; a conversation
+    one of whose turns went out (least recently used first) is a 404."""
+    store = ResponseStore(max_responses=3)
+    store.put(
+        "a", "r1", None, [{"role": "user", "content": "1"}, {"role": "assistant", "content": "one"}]
+    )
+    store.put(
+        "a", "r2", "r1", [{"role": "user", "content": "2"}, {"role": "assistant", "content": "two"}]
+    )
+    assert [m["content"] for m in store.conversation("a", "r2")] == ["1", "one", "2", "two"]
+    for scope, response_id in (("b", "r2"), ("a", "r9")):
+        with pytest.raises(APIError) as err:
+            store.conversation(scope, response_id)
+        assert err.value.status == 404 and err.value.param == "previous_response_id"
+    # Reading r2 used r1 last: r1 is now the most recently used, r2 the least.
+    store.put("a", "x1", None, [])
+    store.put("a", "x2", None, [])
+    with pytest.raises(APIError, match="not found$"):
+        store.conversation("a", "r2")
+    assert [m["content"] for m in store.conversation("a", "r1")] == ["1", "one"]
+    fresh = ResponseStore(max_responses=3)
+    fresh.put("a", "r1", None, [])
+    fresh.put("a", "r2", "r1", [])
+    fresh.put("a", "x1", None, [])
+    fresh.put("a", "x2", None, [])  # r1, the least recently used, goes out before its child
+    with pytest.raises(APIError, match="expired"):
+        fresh.conversation("a", "r2")
+
+
+def test_a_previous_response_comes_before_the_input_and_instructions_first() -> None:
+    history = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "OK."},
+    ]
+    req, echo = parse_responses(
+        {"model": "m", "input": "Name?", "instructions": "Be brief.", "previous_response_id": "r1"},
+        LIMITS,
+        history,
+    )
+    assert req.messages is not None
+    assert [m["content"] for m in req.messages] == ["Be brief.", "My name is Ada.", "OK.", "Name?"]
+    assert echo.turn == ({"role": "user", "content": "Name?"},)
+    assert echo.previous_response_id == "r1" and echo.store is True

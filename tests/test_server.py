@@ -1285,9 +1285,27 @@ def test_the_responses_api_through_the_openai_client(server: LiveServer) -> None
         input="Alice Martin is 34.", text=fmt, max_output_tokens=48, **options
     )
     assert set(json.loads(person.output_text)) == {"name", "age"}
-    with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(input=ask, previous_response_id="resp_1", **options)
-    assert err.value.body["param"] == "previous_response_id"
+    # A stored response continued by previous_response_id: the chat of the whole conversation.
+    first = client.responses.create(input="My name is Ada.", max_output_tokens=12, **options)
+    second = client.responses.create(
+        input="What is my name?", previous_response_id=first.id, max_output_tokens=12, **options
+    )
+    whole = client.chat.completions.create(
+        messages=[
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "What is my name?"},
+        ],
+        max_tokens=12,
+        **options,
+    )
+    assert second.output_text == whole.choices[0].message.content
+    assert second.previous_response_id == first.id
+    unstored = client.responses.create(input=ask, store=False, max_output_tokens=4, **options)
+    for unknown in ("resp_1", unstored.id):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.responses.create(input=ask, previous_response_id=unknown, **options)
+        assert missing.value.body["param"] == "previous_response_id"
 
 
 @models

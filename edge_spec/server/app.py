@@ -30,7 +30,7 @@ from edge_spec.server.metrics import (
     RequestMetricsMiddleware,
     ServerMetrics,
 )
-from edge_spec.server.responses_api import ResponseShape, parse_responses
+from edge_spec.server.responses_api import ResponseShape, ResponseStore, parse_responses
 from edge_spec.server.schemas import (
     APIError,
     ParsedRequest,
@@ -173,12 +173,22 @@ def create_app(
         body = await read_json(request, config.max_request_bytes)
         return await _serve(request, worker, config, parse_chat(body, config.limits))
 
+    stored = ResponseStore()
+
     @secured.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         body = await read_json(request, config.max_request_bytes)
-        req, echo = parse_responses(body, config.limits)
+        scope = request.state.session_scope
+        previous = body.get("previous_response_id") if isinstance(body, Mapping) else None
+        history = stored.conversation(scope, previous) if isinstance(previous, str) else []
+        req, echo = parse_responses(body, config.limits, history)
         env = out.Envelope(chat=True, model=req.model, id=f"resp_{uuid.uuid4().hex}")
-        shape = ResponseShape(env, echo, tools=req.config.tool_mode != "none")
+
+        def remember(turn: list[dict[str, Any]]) -> None:
+            stored.put(scope, env.id, echo.previous_response_id, turn)
+
+        keep = remember if echo.store else None
+        shape = ResponseShape(env, echo, tools=req.config.tool_mode != "none", remember=keep)
         return await _serve(request, worker, config, req, shape)
 
     @secured.post("/v1/messages")

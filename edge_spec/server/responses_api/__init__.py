@@ -3,12 +3,13 @@ speak: its request becomes a chat request (instructions and input items as messa
 tools, text.format as response_format) checked by schemas.parse_chat, and the answer goes back
 as a `response` object, or as its stream of typed events.
 
-Nothing is stored here: `store` is accepted (clients send it) but a later request cannot refer
-to an earlier response (`previous_response_id`, `conversation` and item references are
-refused with 400); a client sends the whole conversation each time, as with chat completions.
+A response made with `store` (OpenAI's default) is kept in memory, per API key, so that a
+later request may continue it with `previous_response_id` (store.py); `conversation` objects
+and item references are refused with 400.
 """
 
 from edge_spec.server.responses_api.answer import ResponseEvents, ResponseShape
 from edge_spec.server.responses_api.request import ResponseEcho, parse_responses
+from edge_spec.server.responses_api.store import ResponseStore
 
-__all__ = ["ResponseEcho", "ResponseEvents", "ResponseShape", "parse_responses"]
+__all__ = ["ResponseEcho", "ResponseEvents", "ResponseShape", "ResponseStore", "parse_responses"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +30,14 @@ def _usage(result: GenerationResult) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResponseShape:
-    """How a /v1/responses request is answered: a `response` object, or its events."""
+    """How a /v1/responses request is answered: a `response` object, or its events.
+    `remember` is given each finished response's turn (input and answer as chat messages)."""
 
     env: Envelope
     echo: ResponseEcho
     tools: bool = False
     param: str = "input"
+    remember: Callable[[list[dict[str, Any]]], None] | None = None
 
     def response(
         self, status: str, output: list[dict[str, Any]], result: GenerationResult | None = None
@@ -53,7 +56,7 @@ class ResponseShape:
             "model": self.env.model,
             "output": output,
             "parallel_tool_calls": e.parallel_tool_calls,
-            "previous_response_id": None,
+            "previous_response_id": e.previous_response_id,
             "prompt_cache_key": e.prompt_cache_key,
             "store": e.store,
             "temperature": e.temperature,
@@ -77,6 +80,11 @@ class ResponseShape:
         scored = result.logprobs or ()
         output = [_message(message_id, text, scored=scored)] if with_message else []
         output += [_call_item(call.id, call.name, call.arguments) for call in result.tool_calls]
+        if self.remember is not None:
+            answer: dict[str, Any] = {"role": "assistant", "content": text}
+            if result.tool_calls:
+                answer["tool_calls"] = [call.to_dict() for call in result.tool_calls]
+            self.remember([*self.echo.turn, answer])
         return self.response(status, output, result)
 
     def body(self, result: GenerationResult) -> dict[str, Any]:

@@ -4,7 +4,7 @@ response object repeats of the request is kept aside (ResponseEcho)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +24,10 @@ _PASSED = (
 )
 _TRANSLATED = ("model", "input", "instructions", "max_output_tokens", "tools", "tool_choice")
 _TRANSLATED += ("text", "store", "stream_options", "safety_identifier", "truncation")
-_TRANSLATED += ("include", "top_logprobs")
+_TRANSLATED += ("include", "top_logprobs", "previous_response_id")
 LOGPROBS_ITEM = "message.output_text.logprobs"  # the one `include` item served here
 # Fields accepted only at the value that means "feature off".
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "previous_response_id": (None,),  # nothing is stored here
     "conversation": (None,),
     "background": (None, False),
     "reasoning": (None, {}),
@@ -55,12 +54,22 @@ class ResponseEcho:
     store: bool
     metadata: dict[str, str] = field(default_factory=dict)
     prompt_cache_key: str | None = None
+    previous_response_id: str | None = None
+    # This request's input items as chat messages (instructions not among them: they are not
+    # carried over to a later response, as OpenAI's are not).
+    turn: tuple[dict[str, Any], ...] = ()
 
 
-def parse_responses(body: object, limits: RequestLimits) -> tuple[ParsedRequest, ResponseEcho]:
+def parse_responses(
+    body: object, limits: RequestLimits, history: Sequence[dict[str, Any]] = ()
+) -> tuple[ParsedRequest, ResponseEcho]:
     """Requires a JSON object in OpenAI's Responses shape with text input and function tools;
-    raises APIError(400) naming the field otherwise."""
+    raises APIError(400) naming the field otherwise. `history`: the conversation of its
+    previous_response_id (ResponseStore.conversation), put before its input."""
     body = check_known(body, _ALLOWED, _OFF_VALUES)
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise bad("'previous_response_id' must be a string", "previous_response_id")
     if body.get("truncation") not in (None, "disabled"):  # "auto" would drop items: not here
         raise bad("'truncation' may only be 'disabled'", "truncation")
     store = body.get("store", True)
@@ -82,7 +91,9 @@ def parse_responses(body: object, limits: RequestLimits) -> tuple[ParsedRequest,
 
     chat: dict[str, Any] = {k: body[k] for k in _PASSED if body.get(k) is not None}
     chat["model"] = body.get("model")
-    chat["messages"] = _messages(body.get("input"), instructions)
+    turn = _messages(body.get("input"))
+    system = [] if instructions is None else [{"role": "system", "content": instructions}]
+    chat["messages"] = [*system, *history, *turn]
     max_output_tokens = body.get("max_output_tokens")
     if max_output_tokens is not None:
         if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int):
@@ -121,18 +132,18 @@ def parse_responses(body: object, limits: RequestLimits) -> tuple[ParsedRequest,
         store=store,
         metadata=dict(body.get("metadata") or {}),
         prompt_cache_key=body.get("prompt_cache_key"),
+        previous_response_id=previous,
+        turn=tuple(turn),
     )
     return req, echo
 
 
-def _messages(value: object, instructions: str | None) -> list[dict[str, Any]]:
+def _messages(value: object) -> list[dict[str, Any]]:
     """Input items as chat messages: messages, the answer's earlier function calls (joined to
     the assistant message before them) and their outputs."""
     messages: list[dict[str, Any]] = []
-    if instructions is not None:
-        messages.append({"role": "system", "content": instructions})
     if isinstance(value, str):
-        return [*messages, {"role": "user", "content": value}]
+        return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise bad("'input' must be a string or a non-empty array of items", "input")
     for i, item in enumerate(value):
