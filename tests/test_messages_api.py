@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
+from results import made_up_result
 
 from edge_spec.api import GenerationConfig, GenerationResult
 from edge_spec.constrain.tools import ToolCall
-from edge_spec.decode.stats import StatsCollector
 from edge_spec.server.messages_api import MessageShape, error_body, parse_messages
 from edge_spec.server.responses import Envelope
 from edge_spec.server.schemas import APIError, RequestLimits, parse_chat
@@ -131,18 +131,9 @@ def test_bad_messages_requests_name_the_field(extra: dict[str, Any], param: str)
 
 
 def _result(text: str, finish: str, calls: tuple[ToolCall, ...] = ()) -> GenerationResult:
-    stats = StatsCollector().result(n_prompt=3, n_generated=2, total_s=0.5)
-    return GenerationResult(
-        text=text,
-        finish_reason=finish,  # type: ignore[arg-type]
-        token_ids=(5, 6),
-        prompt_token_ids=(1, 2, 3),
-        target="t.gguf",
-        draft="d.gguf",
-        draft_mode="model",
-        policy="fixed",
-        k=3,
-        stats=stats,
+    return made_up_result(
+        text,
+        finish,
         tool_calls=calls,
         content="Let me check. " if calls else None,
         stop_string="\n\n" if finish == "stop" else None,

@@ -32,9 +32,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from results import made_up_result
 
 from edge_spec.api import GenerationConfig, GenerationResult, TextDelta
-from edge_spec.decode.stats import StatsCollector
 from edge_spec.errors import ModelFileError
 from edge_spec.server import responses as out
 from edge_spec.server.app import ServerConfig, create_app
@@ -200,19 +200,7 @@ def test_a_developer_message_is_a_system_message() -> None:
 
 
 def _result(text: str, finish: str) -> GenerationResult:
-    stats = StatsCollector().result(n_prompt=3, n_generated=2, total_s=0.5)
-    return GenerationResult(
-        text=text,
-        finish_reason=finish,  # type: ignore[arg-type]
-        token_ids=(5, 6),
-        prompt_token_ids=(1, 2, 3),
-        target="t.gguf",
-        draft="d.gguf",
-        draft_mode="model",
-        policy="fixed",
-        k=3,
-        stats=stats,
-    )
+    return made_up_result(text, finish)
 
 
 @pytest.mark.parametrize(
