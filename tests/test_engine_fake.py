@@ -696,3 +696,5 @@ def test_penalties_follow_llama_cpp() -> None:
     assert penalize(row, [0, 1], SamplingParams()) is row
     biased = penalize(row, [0, 1], SamplingParams(logit_bias=((3, -100.0),)))
     assert biased.tolist() == pytest.approx([2.0, -1.0, 0.5, -97.0])
+    no_window = SamplingParams(repeat_penalty=2.0, repeat_last_n=0, logit_bias=((3, -100.0),))
+    assert penalize(row, [0, 1], no_window).tolist() == pytest.approx([2.0, -1.0, 0.5, -97.0])

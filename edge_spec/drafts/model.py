@@ -17,7 +17,7 @@ from edge_spec.backend import LlamaModel, common_prefix
 from edge_spec.drafts.base import NO_DRAFT, Draft, KeepDrafting
 from edge_spec.errors import EdgeSpecError
 from edge_spec.sampling.keys import SampleKeys
-from edge_spec.sampling.penalties import penalize
+from edge_spec.sampling.penalties import penalize, recent
 from edge_spec.sampling.transform import SamplingParams, argmax
 
 
@@ -83,7 +83,7 @@ class ModelDraft:
         confidences: list[float] = []
         for i in range(k):
             if params.penalized:  # as the target's rows will be: closer drafts, same output
-                logits = penalize(logits, [*context[-params.repeat_last_n :], *tokens], params)
+                logits = penalize(logits, recent(context, params) + tokens, params)
             if params.greedy:
                 token = argmax(logits)
                 # Only an adaptive policy reads confidences: skip the softmax otherwise.

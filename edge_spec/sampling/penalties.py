@@ -48,6 +48,12 @@ def penalize(row: np.ndarray, history: Sequence[int], params: SamplingParams) ->
     return out
 
 
+def recent(tokens: Sequence[int], params: SamplingParams) -> list[int]:
+    """The last repeat_last_n tokens (none when it is 0: `tokens[-0:]` would be all of them)."""
+    n = params.repeat_last_n
+    return list(tokens[-n:]) if n else []
+
+
 def penalize_rows(
     rows: np.ndarray,
     context: Sequence[int],
@@ -65,7 +71,7 @@ def penalize_rows(
     for j, token in enumerate(draft):
         parent = (j - 1) if not parents else parents[j]
         paths.append([*(paths[parent] if parent >= 0 else []), int(token)])
-    tail = list(context[-params.repeat_last_n :])
+    tail = recent(context, params)
     out[0] = penalize(rows[0], tail, params)
     for j, path in enumerate(paths):
         out[j + 1] = penalize(rows[j + 1], tail + path, params)
