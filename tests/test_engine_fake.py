@@ -27,7 +27,7 @@ from edge_spec.sampling.transform import SamplingParams, argmax
 PREFIX = [1, 2, 3]
 
 
-def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes=0):
+def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes=0, logprobs=None):
     """run_steps with one draft source (plus "none") under a fixed-k policy (n-gram drafts
     with up to tree_nodes branch tokens as a token tree). A head drafts in the policy's
     learned-draft slot, "model", as the API puts it."""
@@ -35,7 +35,14 @@ def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes
     policy = FixedK(k, tree_nodes=tree_nodes)
     k_max = k + tree_nodes
     return run_steps(
-        target, sources, policy, prompt, k_max=k_max, max_tokens=max_tokens, sampling=sampling
+        target,
+        sources,
+        policy,
+        prompt,
+        k_max=k_max,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        logprobs=logprobs,
     )
 
 
@@ -587,19 +594,8 @@ def test_ngram_sessions_are_kept_apart_by_name() -> None:
 
 def _logprobs_of(source, target, prompt, k, params, tree_nodes=0):
     """(tokens, their logprobs), n_accepted of one run with logprobs (top 3) asked for."""
-    sources = {source.name: source, "none": NoDraft()}
-    events = run_steps(
-        target,
-        sources,
-        FixedK(k, tree_nodes=tree_nodes),
-        prompt,
-        k_max=k + tree_nodes,
-        max_tokens=40,
-        sampling=params,
-        logprobs=3,
-    )
     tokens, scored, n_accepted = [], [], 0
-    for event in events:
+    for event in steps(source, target, prompt, k, 40, params, tree_nodes, logprobs=3):
         if isinstance(event, Step):
             assert [r.token for r in event.logprobs] == list(event.tokens)
             tokens.extend(event.tokens)

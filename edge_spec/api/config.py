@@ -311,10 +311,15 @@ class GenerationResult:
     # The stop string that ended the answer (finish_reason "stop"), else None.
     stop_string: str | None = None
 
+    @property
+    def reply(self) -> str:
+        """The answer's text outside its tool calls (all of it when it made none)."""
+        return (self.content or "") if self.tool_calls else self.text
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
-            "content": self.content if self.tool_calls else self.text,
+            "content": self.reply,
             "tool_calls": [call.to_dict() for call in self.tool_calls],
             "constraint_complete": self.constraint_complete,
             "finish_reason": self.finish_reason,

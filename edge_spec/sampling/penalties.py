@@ -27,15 +27,20 @@ def penalize(row: np.ndarray, history: Sequence[int], params: SamplingParams) ->
     if not params.penalized:
         return row
     out = row.copy()
+    _apply(out, history, params)
+    return out
+
+
+def _apply(out: np.ndarray, history: Sequence[int], params: SamplingParams) -> None:
+    """penalize, in place."""
     for token, bias in params.logit_bias:
         if token < out.shape[0]:
             out[token] += np.float32(bias)
-    if params.repeat_penalty == 1 and not (params.presence_penalty or params.frequency_penalty):
-        return out
-    window = history[-params.repeat_last_n :] if params.repeat_last_n else []
-    counts = Counter(t for t in window if 0 <= t < row.shape[0])
+    if not params.repeats_penalized:
+        return
+    counts = Counter(t for t in recent(history, params) if 0 <= t < out.shape[0])
     if not counts:
-        return out
+        return
     ids = np.fromiter(counts, dtype=np.int64, count=len(counts))
     seen = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
     values = out[ids]
@@ -45,7 +50,6 @@ def penalize(row: np.ndarray, history: Sequence[int], params: SamplingParams) ->
     values = values - seen * np.float32(params.frequency_penalty)
     values = values - np.float32(params.presence_penalty)
     out[ids] = values
-    return out
 
 
 def recent(tokens: Sequence[int], params: SamplingParams) -> list[int]:
@@ -66,13 +70,13 @@ def penalize_rows(
     context and the path to draft node j (a chain when parents is empty)."""
     if not params.penalized:
         return rows
-    out = np.empty_like(rows)
+    out = rows.copy()  # one copy of the batch (the caller's rows are llama.cpp's buffer)
     paths: list[list[int]] = []
     for j, token in enumerate(draft):
         parent = (j - 1) if not parents else parents[j]
         paths.append([*(paths[parent] if parent >= 0 else []), int(token)])
     tail = recent(context, params)
-    out[0] = penalize(rows[0], tail, params)
+    _apply(out[0], tail, params)
     for j, path in enumerate(paths):
-        out[j + 1] = penalize(rows[j + 1], tail + path, params)
+        _apply(out[j + 1], tail + path, params)
     return out

@@ -111,10 +111,15 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def repeats_penalized(self) -> bool:
+        """True when a repetition penalty is on and its window is not empty."""
+        on = self.repeat_penalty != 1 or self.presence_penalty or self.frequency_penalty
+        return bool(on) and self.repeat_last_n > 0
+
+    @property
     def penalized(self) -> bool:
         """True when a logit bias or a penalty changes the logits (penalties.py)."""
-        on = self.repeat_penalty != 1 or self.presence_penalty or self.frequency_penalty
-        return bool(self.logit_bias) or (bool(on) and self.repeat_last_n > 0)
+        return bool(self.logit_bias) or self.repeats_penalized
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

@@ -307,8 +307,8 @@ def _parsed(
             min_p=_number(fields, "min_p", 0.0, high=1.0),
             top_k=_int(fields, "top_k", 0),
             seed=_int(fields, "seed", None),
-            presence_penalty=_penalty(fields, "presence_penalty"),
-            frequency_penalty=_penalty(fields, "frequency_penalty"),
+            presence_penalty=_number(fields, "presence_penalty", 0.0, low=-2.0, high=2.0),
+            frequency_penalty=_number(fields, "frequency_penalty", 0.0, low=-2.0, high=2.0),
             repeat_penalty=_number(fields, "repeat_penalty", 1.0, high=10.0),
             repeat_last_n=_int(fields, "repeat_last_n", 64),
             logit_bias=_logit_bias(fields.get("logit_bias")),
@@ -407,14 +407,16 @@ def _int(fields: Mapping[str, Any], name: str, default: Any) -> Any:
     return value
 
 
-def _number(fields: Mapping[str, Any], name: str, default: float, *, high: float) -> float:
+def _number(
+    fields: Mapping[str, Any], name: str, default: float, *, high: float, low: float = 0.0
+) -> float:
     value = fields.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(f"'{name}' must be a number, got {value!r}", name, "invalid_type")
-    if not math.isfinite(value) or not 0 <= value <= high:
-        raise bad(f"'{name}' must be in [0, {high:g}], got {value!r}", name)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise bad(f"'{name}' must be in [{low:g}, {high:g}], got {value!r}", name)
     return float(value)
 
 
@@ -437,18 +439,6 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
             raise bad(f"'logit_bias' values must be in [-100, 100], got {bias!r}", "logit_bias")
         pairs.append((token, float(bias)))
     return tuple(sorted(pairs))
-
-
-def _penalty(fields: Mapping[str, Any], name: str) -> float:
-    """OpenAI's presence_penalty or frequency_penalty: a number in [-2, 2], 0 by default."""
-    value = fields.get(name)
-    if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad(f"'{name}' must be a number, got {value!r}", name, "invalid_type")
-    if not math.isfinite(value) or not -2 <= value <= 2:
-        raise bad(f"'{name}' must be in [-2, 2], got {value!r}", name)
-    return float(value)
 
 
 def _bool(fields: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -93,8 +93,7 @@ class MessageShape:
         return content + [_tool_use(c.id, c.name, c.arguments) for c in result.tool_calls]
 
     def body(self, result: GenerationResult) -> dict[str, Any]:
-        text = (result.content or "") if result.tool_calls else result.text
-        return self.message(self.blocks(result, text), result)
+        return self.message(self.blocks(result, result.reply), result)
 
     def events(self) -> MessageEvents:
         return MessageEvents(self)

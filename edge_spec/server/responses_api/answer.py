@@ -43,14 +43,15 @@ class ResponseShape:
         self, status: str, output: list[dict[str, Any]], result: GenerationResult | None = None
     ) -> dict[str, Any]:
         e = self.echo
-        cut = result is not None and result.finish_reason in ("length", "context")
         return {
             "id": self.env.id,
             "object": "response",
             "created_at": self.env.created,
             "status": status,
             "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
             "instructions": e.instructions,
             "max_output_tokens": e.max_output_tokens,
             "model": self.env.model,
@@ -88,8 +89,7 @@ class ResponseShape:
         return self.response(status, output, result)
 
     def body(self, result: GenerationResult) -> dict[str, Any]:
-        text = (result.content or "") if result.tool_calls else result.text
-        return self.finished(result, text, _item_id("msg"))
+        return self.finished(result, result.reply, _item_id("msg"))
 
     def events(self) -> ResponseEvents:
         return ResponseEvents(self)
