@@ -38,6 +38,36 @@ def test_the_draft_model_loads_when_a_request_first_drafts_with_it(smollm2_path:
         assert got.token_ids == alone.token_ids == ngram.token_ids and got.draft_vocab == "shared"
 
 
+def test_prompt_logprobs_match_llama_cpp_pythons_logits_all(gemma_path: Path) -> None:
+    """A prompt's logprobs are llama.cpp's own (llama-cpp-python with logits_all, one batch)
+    up to batching noise, across the pieces of Gemma's 262k-token rows; the first token has
+    none; the first streamed delta carries them; the answer is the one without them; and
+    max_tokens 0 only scores."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    text = " ".join(["In 1969, Apollo 11 landed on the Moon, and two astronauts walked."] * 5)
+    with EdgeSpec(gemma_path, config=EngineConfig(n_ctx=512, n_threads=1)) as spec:
+        ids = spec.tokenize(text)
+        assert len(ids) > 64  # more than two pieces of 32 rows
+        plain = spec.generate(text, max_tokens=6, temperature=0)
+        scored = spec.generate(text, max_tokens=6, temperature=0, prompt_logprobs=2)
+        deltas = list(spec.stream(ids, max_tokens=0, prompt_logprobs=0))
+    assert scored.token_ids == plain.token_ids and scored.stats.n_cached_tokens == 0
+    rows = scored.prompt_logprobs
+    assert rows is not None and [t.token_id for t in rows] == ids
+    assert rows[0].logprob is None and all(len(t.top) == 2 for t in rows[1:])
+    assert len(deltas) == 1 and deltas[0].result.token_ids == ()
+    assert [t.logprob for t in deltas[0].prompt_logprobs] == [t.logprob for t in rows]
+    llm = Llama(str(gemma_path), n_ctx=512, n_threads=1, logits_all=True, verbose=False)
+    llm.eval(ids)
+    logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
+    log_z = logits.max(1) + np.log(np.exp(logits - logits.max(1)[:, None]).sum(1))
+    reference = [logits[i, ids[i + 1]] - log_z[i] for i in range(len(ids) - 1)]
+    worst = max(abs(t.logprob - r) for t, r in zip(rows[1:], reference))
+    assert worst < 0.05, worst
+
+
 def test_stream_deltas_join_to_the_generated_text(spec: EdgeSpec) -> None:
     for mode in ("model", "ngram", "none"):
         cfg = GenerationConfig(max_tokens=40, draft_mode=mode)

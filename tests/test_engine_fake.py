@@ -27,7 +27,17 @@ from edge_spec.sampling.transform import SamplingParams, argmax
 PREFIX = [1, 2, 3]
 
 
-def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes=0, logprobs=None):
+def steps(
+    source,
+    target: FakeLlama,
+    prompt,
+    k,
+    max_tokens,
+    sampling,
+    tree_nodes=0,
+    logprobs=None,
+    scored_prompt=None,
+):
     """run_steps with one draft source (plus "none") under a fixed-k policy (n-gram drafts
     with up to tree_nodes branch tokens as a token tree). A head drafts in the policy's
     learned-draft slot, "model", as the API puts it."""
@@ -43,6 +53,7 @@ def steps(source, target: FakeLlama, prompt, k, max_tokens, sampling, tree_nodes
         max_tokens=max_tokens,
         sampling=sampling,
         logprobs=logprobs,
+        scored_prompt=scored_prompt,
     )
 
 
@@ -628,6 +639,37 @@ def test_logprobs_are_the_targets_own_whatever_was_drafted(params: SamplingParam
         assert [t for t, _ in row.top] == best
         if params.greedy:
             assert row.top[0][0] == token
+
+
+@pytest.mark.parametrize("piece_bytes", [1 << 30, 3 * 4 * 5])  # one piece; pieces of 3 rows
+def test_prompt_logprobs_are_the_targets_own_and_change_nothing_after(
+    piece_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scoring the prompt gives each token after the first its logprob under the target (and
+    its row's top 2), read from the prompt's own rows in however many pieces; the cache is
+    left as the loop wants it, so the answer is the one without scoring."""
+    import edge_spec.decode.logprobs as logprobs_module
+
+    monkeypatch.setattr(logprobs_module, "SCORE_PIECE_BYTES", piece_bytes)
+    model = make_target()
+    prompt = [1, 2, 3, 1, 2, 4, 0, 1, 2, 3, 1, 2]
+    target = FakeLlama(model)
+    target.sync(prompt[:5])  # a cached prefix from an earlier request: its rows are gone
+    events = list(
+        steps(NgramDraft(max_ngram=2), target, prompt, 3, 12, SamplingParams(), 0, None, 2)
+    )
+    prefill = events[0]
+    assert isinstance(prefill, Prefill) and prefill.n_cached == 0
+    assert [r.token for r in prefill.logprobs] == prompt[1:]
+    for i, row in enumerate(prefill.logprobs):
+        logits = model.logits(prompt[: i + 1]).astype(np.float64)
+        log_p = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+        assert row.logprob == pytest.approx(log_p[prompt[i + 1]], abs=1e-5)
+        assert [t for t, _ in row.top] == sorted(range(len(log_p)), key=lambda t: (-log_p[t], t))[
+            :2
+        ]
+    answer = [t for e in events if isinstance(e, Step) for t in e.tokens]
+    assert answer == generate(NoDraft(), FakeLlama(model), prompt, 0, 12, SamplingParams())
 
 
 PENALTIES = dict(repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, repeat_last_n=8)

@@ -73,7 +73,7 @@ def test_completion_request_becomes_a_generation_config() -> None:
         },
         LIMITS,
     )
-    assert req.prompt == "Hello" and req.messages is None
+    assert req.prompts == ("Hello",) and req.messages is None
     assert req.stream and req.include_usage
     cfg = req.config
     assert (cfg.max_tokens, cfg.stop, cfg.draft_mode, cfg.k, cfg.k_max) == (
@@ -88,9 +88,30 @@ def test_completion_request_becomes_a_generation_config() -> None:
 
 
 def test_a_prompt_of_token_ids_is_taken_as_it_is() -> None:
-    """OpenAI's completions take one prompt as token ids too (benchmark clients send them)."""
+    """OpenAI's completions take prompts as token ids too (benchmark clients send them)."""
     for prompt in ([1, 2, 3], [[1, 2, 3]]):
-        assert parse_completion({"model": "m", "prompt": prompt}, LIMITS).prompt == (1, 2, 3)
+        assert parse_completion({"model": "m", "prompt": prompt}, LIMITS).prompts == ((1, 2, 3),)
+
+
+def test_several_prompts_and_n_answers_each_become_choices_in_openais_order() -> None:
+    body = {"model": "m", "prompt": ["a", [7, 8]], "n": 3, "seed": 5, "max_tokens": 0}
+    req = parse_completion(body, LIMITS)
+    assert req.config.max_tokens == 0  # a completion may only score its prompt
+    choices = req.choices()
+    assert [p for p, _ in choices] == ["a"] * 3 + [(7, 8)] * 3
+    assert [c.sampling.seed for _, c in choices] == [5, 6, 7] * 2  # each answer reproducible
+    unseeded = parse_completion({**body, "seed": None}, LIMITS).choices()
+    assert {c.sampling.seed for _, c in unseeded} == {None}  # fresh entropy for each
+    # The echoed text of token ids, or an echo with logprobs, needs the prompt's logprobs.
+    assert req.config.prompt_logprobs is None
+    for echo in ({"echo": True}, {"echo": True, "logprobs": 2, "prompt": "a"}):
+        assert parse_completion({**body, **echo}, LIMITS).config.prompt_logprobs is not None
+    assert (
+        parse_completion({**body, "echo": True, "prompt": "a"}, LIMITS).config.prompt_logprobs
+        is None
+    )
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}
+    assert [p for p, _ in parse_chat(chat, LIMITS).choices()] == [None, None]
 
 
 def test_defaults_follow_openai() -> None:
@@ -127,20 +148,23 @@ def test_defaults_follow_openai() -> None:
     [
         ({"prompt": "x"}, "model"),
         ({"model": "m"}, "prompt"),
-        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": []}, "prompt"),
+        ({"model": "m", "prompt": [[]]}, "prompt"),
         ({"model": "m", "prompt": [1, -2, 3]}, "prompt"),
-        ({"model": "m", "prompt": [[1, 2], [3]]}, "prompt"),
+        ({"model": "m", "prompt": [[1, 2], [-3]]}, "prompt"),
         ({"model": "m", "prompt": [1, "two"]}, "prompt"),
-        ({"model": "m", "prompt": "x", "n": 2}, "n"),
+        ({"model": "m", "prompt": ["x"] * 129}, "prompt"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": "x", "n": 17}, "n"),
         ({"model": "m", "prompt": "x", "n": True}, "n"),
-        ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "m", "prompt": "x", "echo": "yes"}, "echo"),
+        ({"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
         ({"model": "m", "prompt": "x", "logprobs": 6}, "logprobs"),
         ({"model": "m", "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ({"model": "m", "prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
         ({"model": "m", "prompt": "x", "repeat_penalty": 0}, "repeat_penalty"),
         ({"model": "m", "prompt": "x", "repeat_last_n": -1}, "repeat_last_n"),
         ({"model": "m", "prompt": "x", "max_tokens": 257}, "max_tokens"),
-        ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": 1.5}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"model": "m", "prompt": "x", "temperature": -0.1}, "temperature"),
@@ -220,7 +244,8 @@ def test_bodies_parse_as_the_openai_types(ours: str, openai_reason: str) -> None
     chunks = [
         out.first_chunk(env),
         out.text_chunk(env, "Hi"),
-        *out.final_chunks(env, " there", result, True),
+        *out.final_chunks(env, " there", result),
+        out.usage_chunk(env, result),
     ]
     parsed = [ChatCompletionChunk.model_validate(c) for c in chunks]
     assert parsed[0].choices[0].delta.role == "assistant"
@@ -228,6 +253,14 @@ def test_bodies_parse_as_the_openai_types(ours: str, openai_reason: str) -> None
     assert parsed[-2].choices[0].finish_reason == openai_reason
     assert parsed[-1].choices == [] and parsed[-1].usage.completion_tokens == 2
     assert len({p.id for p in parsed}) == 1
+    # Several answers: one choice each, in order; usage counts each prompt once (n per prompt).
+    two = Completion.model_validate(
+        out.full_body(out.Envelope(False, "m"), result, _result("Ho", ours), n=2)
+    )
+    assert [(c.index, c.text) for c in two.choices] == [(0, "Hi there"), (1, "Ho")]
+    assert two.usage is not None and two.usage.prompt_tokens == 3
+    assert two.usage.completion_tokens == 4
+    assert len(two.model_extra["edge_spec"]["choices"]) == 2
 
 
 # ---- Prometheus text -------------------------------------------------------------------------
@@ -493,6 +526,9 @@ def test_session_limits_hold_per_scope_so_one_key_cannot_push_out_another() -> N
         ("logit_bias", {"42": 101}, False),
         ("logprobs", 1, False),
         ("top_logprobs", 3, False),  # only beside logprobs: true
+        ("max_tokens", 0, False),  # an answer of no tokens is a completion's (scoring) only
+        ("n", 2, True),
+        ("n", 17, False),
     ],
 )
 def test_openai_fields_are_honoured_or_refused(field: str, value: Any, accepted: bool) -> None:
@@ -892,7 +928,7 @@ def test_errors_have_the_openai_shape_and_status(server: LiveServer) -> None:
     with pytest.raises(openai.NotFoundError) as unknown:
         client.completions.create(model="gpt-4o", prompt="Hi", max_tokens=3)
     assert _error(unknown.value)["code"] == "model_not_found"
-    for bad in ({"temperature": -1}, {"top_p": 2}, {"n": 2}, {"max_tokens": 601}, {"stop": [""]}):
+    for bad in ({"temperature": -1}, {"top_p": 2}, {"n": 0}, {"max_tokens": 601}, {"stop": [""]}):
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model=MODEL_ALIAS, prompt="Hi", **{"max_tokens": 3, **bad})
         assert _error(err.value)["param"] == next(iter(bad)), bad
@@ -1339,6 +1375,84 @@ def test_logprobs_through_the_openai_client(server: LiveServer) -> None:
     )
     text = response.output[0].content[0]
     assert _same_logprobs(text.logprobs, content)
+
+
+@models
+def test_n_answers_several_prompts_and_echo_through_the_openai_client(server: LiveServer) -> None:
+    """n answers per prompt and several prompts come back as choices in OpenAI's order, each
+    the answer its own request gives (choice j of a seeded prompt draws with seed + j), also
+    streamed; echo puts the prompt (text and logprobs, the first null) before the answer, and
+    with max_tokens 0 scores a batch of token-id prompts as lm-evaluation-harness asks."""
+    client = server.client()
+    sampled: dict[str, Any] = dict(model=MODEL_ALIAS, max_tokens=10, temperature=0.9)
+    three = client.completions.create(prompt="Once upon a time", n=3, seed=11, **sampled)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    alone = [
+        client.completions.create(prompt="Once upon a time", seed=seed, **sampled)
+        for seed in (11, 12, 13)
+    ]
+    assert [c.text for c in three.choices] == [a.choices[0].text for a in alone]
+    assert len({a.choices[0].text for a in alone}) > 1
+    assert three.usage.prompt_tokens == alone[0].usage.prompt_tokens  # the prompt counted once
+    assert three.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert len(three.model_extra["edge_spec"]["choices"]) == 3
+
+    greedy: dict[str, Any] = dict(model=MODEL_ALIAS, max_tokens=8, temperature=0)
+    prompts = ["The capital of France is", "Water boils at"]
+    both = client.completions.create(prompt=prompts, **greedy)
+    singles = [client.completions.create(prompt=p, **greedy).choices[0].text for p in prompts]
+    assert [c.text for c in both.choices] == singles
+    chunks = list(client.completions.create(prompt=prompts, n=2, stream=True, **greedy))
+    streamed = ["", "", "", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == [singles[0], singles[0], singles[1], singles[1]]
+    ask = [{"role": "user", "content": "Say hello."}]
+    chat = client.chat.completions.create(messages=ask, n=2, **greedy)
+    one = client.chat.completions.create(messages=ask, **greedy).choices[0].message.content
+    assert [c.message.content for c in chat.choices] == [one, one]
+    chat_chunks = list(
+        client.chat.completions.create(
+            messages=ask, n=2, stream=True, stream_options={"include_usage": True}, **greedy
+        )
+    )
+    by_index = ["", ""]
+    for chunk in chat_chunks:
+        for choice in chunk.choices:
+            by_index[choice.index] += choice.delta.content or ""
+    assert by_index == [one, one]
+    assert chat_chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+
+    prompt = "One, two, three,"
+    plain = client.completions.create(prompt=prompt, logprobs=2, **greedy).choices[0]
+    echoed = client.completions.create(prompt=prompt, logprobs=2, echo=True, **greedy).choices[0]
+    assert echoed.text == prompt + plain.text
+    scored = echoed.logprobs
+    n_prompt = len(scored.tokens) - len(plain.logprobs.tokens)
+    assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None
+    assert all(lp is not None and lp <= 0 for lp in scored.token_logprobs[1:])
+    assert "".join(scored.tokens) == echoed.text
+    assert scored.text_offset == [
+        len("".join(scored.tokens[:i])) for i in range(len(scored.tokens))
+    ]
+    assert all(
+        abs(a - b) < 0.05
+        for a, b in zip(scored.token_logprobs[n_prompt:], plain.logprobs.token_logprobs)
+    )
+    ids = [[504, 2365, 282, 4649, 314], [504, 2365, 282]]  # "The capital of France is", a prefix
+    batch = client.completions.create(
+        model=MODEL_ALIAS, prompt=ids, echo=True, logprobs=1, max_tokens=0, temperature=0
+    )
+    first, prefix = (c.logprobs for c in batch.choices)
+    assert len(first.token_logprobs) == 5 and len(prefix.token_logprobs) == 3
+    assert first.token_logprobs[0] is None and batch.usage.completion_tokens == 0
+    assert all(
+        abs(a - b) < 0.05 for a, b in zip(first.token_logprobs[1:3], prefix.token_logprobs[1:])
+    )
+    for lps, tops in zip(first.token_logprobs[1:], first.top_logprobs[1:]):
+        assert len(tops) == 1 and max(tops.values()) >= lps  # lm-eval's is_greedy reads these
+    assert batch.choices[0].text == "".join(first.tokens)
 
 
 def _same_logprobs(got: list[Any], expected: list[Any]) -> bool:

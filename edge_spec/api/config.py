@@ -136,6 +136,10 @@ class GenerationConfig:
     # Each answer token's log-probability under the target (result.logprobs) and this many of
     # its position's most likely tokens (0-20); None: none (they cost nothing then).
     logprobs: int | None = None
+    # The prompt's tokens' logprobs too (result.prompt_logprobs), with this many alternatives
+    # each (0-20); None: none. Scoring decodes the whole prompt again, every row output: a
+    # cached prefix is not reused.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -154,13 +158,14 @@ class GenerationConfig:
             raise InvalidRequestError(
                 f"k, k_max and tree_nodes must be <= 64, got {self.k}, {self.k_max}, {tree}"
             )
-        n = self.logprobs
-        if n is not None and (
-            isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS
-        ):
-            raise InvalidRequestError(
-                f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {n!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and (
+                isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS
+            ):
+                raise InvalidRequestError(
+                    f"{name} must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {n!r}"
+                )
         if self.policy is not None and self.policy not in POLICIES:
             raise InvalidRequestError(
                 f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
@@ -263,11 +268,11 @@ class TokenLogprob:
     """A token of the answer and its log-probability under the target: the log-softmax of the
     target's logits at its position, before a bias, penalties, temperature, top-k/top-p/min-p
     or a grammar (as OpenAI and llama.cpp report them); `top`: that position's most likely
-    tokens, best first."""
+    tokens, best first. A prompt's first token has none (logprob None): nothing predicts it."""
 
     token_id: int
     token_bytes: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[TokenLogprob, ...] = ()
 
     @property
@@ -310,6 +315,9 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
     # The stop string that ended the answer (finish_reason "stop"), else None.
     stop_string: str | None = None
+    # One per prompt token where the request asked for prompt_logprobs (the first with
+    # logprob None); None otherwise.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def reply(self) -> str:
@@ -338,6 +346,11 @@ class GenerationResult:
                 if self.logprobs is not None
                 else {}
             ),
+            **(
+                {"prompt_logprobs": [t.to_dict() for t in self.prompt_logprobs]}
+                if self.prompt_logprobs is not None
+                else {}
+            ),
         }
 
 
@@ -354,3 +367,5 @@ class TextDelta:
     spans: tuple[Span, ...] = ()
     # The logprobs of token_ids, where the request asked for them.
     logprobs: tuple[TokenLogprob, ...] = ()
+    # The first delta only, where the request asked for them: the prompt's (as the result's).
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None

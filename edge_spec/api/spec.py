@@ -274,6 +274,8 @@ class EdgeSpec:
             token_ids: list[int] = []
             new_ids: list[int] = []
             scored: list[TokenLogprob] = []  # with cfg.logprobs: one per token of token_ids
+            prompt_scored: tuple[TokenLogprob, ...] | None = None  # cfg.prompt_logprobs
+            unsent = None  # the prompt's logprobs until the first delta carries them
             finish: FinishReason | None = None
             steps = run_steps(
                 self.target,
@@ -285,11 +287,18 @@ class EdgeSpec:
                 sampling=cfg.sampling,
                 constraint=constraint,
                 logprobs=cfg.logprobs,
+                scored_prompt=cfg.prompt_logprobs,
             )
             try:
                 for event in steps:
                     if isinstance(event, Prefill):
                         stats.prefill(event)
+                        if cfg.prompt_logprobs is not None:
+                            first = TokenLogprob(
+                                prompt_ids[0], self.target.token_bytes(prompt_ids[0]), None
+                            )
+                            prompt_scored = (first, *self._scored(event.logprobs))
+                            unsent = prompt_scored
                         continue
                     stats.step(event)
                     new_ids, finish = self._take(event, len(token_ids), text, cfg.max_tokens)
@@ -300,9 +309,15 @@ class EdgeSpec:
                     spans = text.take_ready_spans()
                     new_scored = tuple(scored[len(token_ids) - len(new_ids) :])
                     yield TextDelta(
-                        _join(spans), tuple(new_ids), None, None, tuple(spans), new_scored
+                        _join(spans),
+                        tuple(new_ids),
+                        None,
+                        None,
+                        tuple(spans),
+                        new_scored,
+                        unsent,
                     )
-                    new_ids = []
+                    new_ids, unsent = [], None
             except Exception:
                 self._recover()
                 raise
@@ -314,7 +329,8 @@ class EdgeSpec:
             content, calls = text.text, []
             if cfg.tool_mode != "none":
                 content, calls = self.call_format.parse(text.text, cfg.tools)
-                finish = "tool_calls" if calls else finish
+                if calls and finish not in ("length", "context"):  # not when cut short
+                    finish = "tool_calls"
             elapsed_s = time.perf_counter() - t_start
             constraint_s = constraint.mask_s if constraint is not None else 0.0
             result = GenerationResult(
@@ -336,10 +352,11 @@ class EdgeSpec:
                 constraint_complete=constraint.complete if constraint is not None else None,
                 logprobs=tuple(scored) if cfg.logprobs is not None else None,
                 stop_string=text.matched if finish == "stop" else None,
+                prompt_logprobs=prompt_scored,
             )
             self._learned.request_done()
             last = tuple(scored[len(token_ids) - len(new_ids) :])
-            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail), last)
+            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail), last, unsent)
 
     def _scored(self, rows: Sequence[RowLogprobs]) -> list[TokenLogprob]:
         """The engine's logprobs with each token's bytes."""

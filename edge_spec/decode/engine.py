@@ -16,7 +16,7 @@ import numpy as np
 
 from edge_spec.backend import LlamaModel
 from edge_spec.decode.constraint import StepConstraint
-from edge_spec.decode.logprobs import RowLogprobs, chosen_rows, token_logprobs
+from edge_spec.decode.logprobs import RowLogprobs, chosen_rows, prompt_logprobs, token_logprobs
 from edge_spec.decode.verify import (
     Verdict,
     verify_constrained,
@@ -75,6 +75,8 @@ class Prefill:
     n_cached: int  # prompt tokens whose KV was reused from the previous request
     prefill_s: float
     set_aside: tuple[tuple[str, str], ...] = ()  # draft sources that failed to begin
+    # Asked for (run_steps' scored_prompt): the logprobs of prompt[1:] (decode.logprobs).
+    logprobs: tuple[RowLogprobs, ...] = ()
 
 
 class _Aside:
@@ -114,10 +116,12 @@ def run_steps(
     sampling: SamplingParams,
     constraint: StepConstraint | None = None,
     logprobs: int | None = None,
+    scored_prompt: int | None = None,
 ) -> Iterator[Prefill | Step]:
     """Yields one Prefill, then Steps until max_tokens tokens were produced or the context is
     full (the caller stops earlier at EOS or a stop string by closing the generator). With
-    logprobs (the top alternatives wanted, 0 for none), each Step carries its tokens' logprobs.
+    logprobs (the top alternatives wanted, 0 for none), each Step carries its tokens' logprobs;
+    with scored_prompt, the Prefill carries the prompt's (its whole prefill is then decoded).
 
     Requires a non-empty prompt that fits in the target's context, k_max >= 0, max_tokens >= 0,
     and "none" among the sources; the policy picks a source and k <= k_max for every step.
@@ -145,7 +149,10 @@ def run_steps(
         raise InvalidRequestError("a draft head needs a target loaded with hidden_states=True")
 
     t0 = time.perf_counter()
-    cached = target.sync(context[:-1])
+    if scored_prompt is None:
+        cached, scored = target.sync(context[:-1]), ()
+    else:
+        cached, scored = 0, prompt_logprobs(target, context, scored_prompt)
     model = sources.get("model")
     lag = model.lag(context) if isinstance(model, ModelDraft) else 1
     aside = _Aside(sources)
@@ -158,7 +165,7 @@ def run_steps(
             except Exception as exc:  # noqa: BLE001 - a draft never fails the request
                 aside.fail(name, exc)
     policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
-    yield Prefill(len(prompt), cached, time.perf_counter() - t0, aside.take())
+    yield Prefill(len(prompt), cached, time.perf_counter() - t0, aside.take(), scored)
 
     models = [target, *sources.values()]  # what spends time inside llama_decode
     n_out = 0

@@ -5,17 +5,24 @@ request's logit bias, penalties, temperature, top-k/top-p/min-p or grammar mask 
 OpenAI's and llama.cpp's servers report). A drafted token accepted in a step gets the logprob
 of the same row the target alone would have read at that position (up to llama.cpp's
 batching noise, docs/exactness.md), so logprobs, like the text, do not depend on what was
-drafted. Pure numpy.
+drafted. Pure numpy, but for prompt_logprobs, which decodes the prompt on the target.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from edge_spec.backend import LlamaModel
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+# Scoring a prompt outputs every row of each piece it decodes: pieces of at most this many
+# bytes of logits (llama.cpp keeps its output buffer at the largest size asked for).
+SCORE_PIECE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -72,3 +79,23 @@ def chosen_rows(n_tokens: int, path: Sequence[int]) -> list[int]:
     if not path:
         return list(range(n_tokens))
     return [0, *(node + 1 for node in path)]
+
+
+def prompt_logprobs(
+    target: LlamaModel, prompt: Sequence[int], top_n: int
+) -> tuple[RowLogprobs, ...]:
+    """The logprobs of prompt[1:], each read from the row of the token before it, and the
+    `top_n` most likely tokens of that row. The target's cache is emptied (the logits of a
+    cached prefix are gone) and prompt[:-1] decoded in pieces whose every row is output; it is
+    left holding prompt[:-1], as the decode loop wants it before its first step.
+
+    Requires a non-empty prompt of valid ids that fits in the context."""
+    target.truncate(0)
+    body = list(prompt[:-1])
+    piece = max(1, min(target.n_batch, SCORE_PIECE_BYTES // (4 * target.n_vocab)))
+    out: list[RowLogprobs] = []
+    for start in range(0, len(body), piece):
+        tokens = body[start : start + piece]
+        rows = target.decode(tokens, range(len(tokens)))
+        out.extend(token_logprobs(rows, prompt[start + 1 : start + 1 + len(tokens)], top_n))
+    return tuple(out)

@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse
 
 from edge_spec.api import EdgeSpec
 from edge_spec.drafts.ngram import SCOPE_SEP
+from edge_spec.server import choices
 from edge_spec.server import responses as out
 from edge_spec.server.errors import api_error, install_error_handlers, read_json
 from edge_spec.server.messages_api import MessageShape, parse_messages
@@ -215,26 +216,17 @@ async def _serve(
     prompt longer than the context, still get their HTTP status), then answer JSON or SSE in
     the request's shape (chat or completion by default)."""
     _check_model(config, req.model)
-    if shape is None:
-        env = out.Envelope(chat=req.messages is not None, model=req.model)
-        shape = out.ChatShape(env, req.include_usage, tools=req.config.tool_mode != "none")
     if req.config.session is not None:  # a conversation: within the caller's key only
         scope = getattr(request.state, "session_scope", "open")
         req = replace(
             req, config=replace(req.config, session=scoped_session(scope, req.config.session))
         )
-    if req.messages is not None:
-        messages = [dict(m) for m in req.messages]
-
-        def start(spec: EdgeSpec) -> Any:
-            return spec.stream_chat(messages, req.config)
-    else:
-        prompt = req.prompt if req.prompt is not None else ""
-
-        def start(spec: EdgeSpec) -> Any:
-            return spec.stream(prompt, req.config)
-
-    job = Job(start, asyncio.get_running_loop())
+    starts = choices.starts(req)
+    if shape is None:
+        env = out.Envelope(chat=req.messages is not None, model=req.model)
+        tools = req.config.tool_mode != "none"
+        shape = out.ChatShape(env, req.include_usage, tools, len(starts), req.n)
+    job = Job(starts, asyncio.get_running_loop())
     try:
         worker.submit(job)
     except QueueFullError:
@@ -251,9 +243,14 @@ async def _serve(
         event = await _first_event(job, config.queue_timeout_s)
         if req.stream and event[0] == "delta":
             watcher.cancel()  # from here on the SSE response watches the connection
-            sse = _sse(job, event, shape.events(), shape.param)
+            sse = _sse(job, event, shape.events(), shape.param, len(starts))
             return EventSourceResponse(sse, sep="\n", ping=15)
-        while event[0] == "delta" and event[1].result is None:
+        results = []
+        while event[0] == "delta":
+            if event[1].result is not None:
+                results.append(event[1].result)
+                if len(results) == len(starts):
+                    break
             event = await job.events.get()
     except BaseException:
         job.cancel()
@@ -262,7 +259,7 @@ async def _serve(
         watcher.cancel()
     kind, payload = event
     if kind == "delta":
-        return JSONResponse(shape.body(payload.result))
+        return JSONResponse(shape.body(*results))
     if kind == "cancelled":
         return Response(status_code=CLIENT_CLOSED)  # nobody is listening; counted as such
     raise api_error(payload, shape.param)
@@ -293,12 +290,13 @@ def scoped_session(scope: str, session: str) -> str:
 
 
 async def _sse(
-    job: Job, first: tuple[str, Any], events: out.Events, param: str
+    job: Job, first: tuple[str, Any], events: out.Events, param: str, n_choices: int = 1
 ) -> AsyncIterator[Any]:
-    """The events of one streamed response, in its shape's format. Cancelled by sse-starlette
-    when the client goes away; the finally block then tells the worker to stop after the
-    current step."""
+    """The events of one streamed response (of its n_choices answers, one after another), in
+    its shape's format. Cancelled by sse-starlette when the client goes away; the finally
+    block then tells the worker to stop after the current step."""
     finished = False
+    n_results = 0
     try:
         for event in events.opening():
             yield event
@@ -313,10 +311,13 @@ async def _sse(
             if payload.result is not None:
                 for event in events.final(payload.text, payload.result, payload.logprobs):
                     yield event
-                finished = True
-                return
-            for event in events.delta(payload.text, payload.logprobs):
-                yield event
+                n_results += 1
+                if n_results == n_choices:
+                    finished = True
+                    return
+            else:
+                for event in events.delta(payload.text, payload.logprobs):
+                    yield event
             kind, payload = await job.events.get()
     finally:
         if not finished:

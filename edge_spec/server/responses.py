@@ -47,14 +47,19 @@ class Envelope:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def usage(result: GenerationResult) -> dict[str, Any]:
-    n_prompt, n_completion = len(result.prompt_token_ids), len(result.token_ids)
+def usage(result: GenerationResult, *more: GenerationResult, n: int = 1) -> dict[str, Any]:
+    """Tokens of one answer, or of several (OpenAI's: n answers per prompt count each prompt
+    once, and every answer's tokens)."""
+    results = (result, *more)
+    prompted = results[::n]
+    n_prompt = sum(len(r.prompt_token_ids) for r in prompted)
+    n_completion = sum(len(r.token_ids) for r in results)
     return {
         "prompt_tokens": n_prompt,
         "completion_tokens": n_completion,
         "total_tokens": n_prompt + n_completion,
         # Prompt tokens whose KV the target kept from the request before (OpenAI's field).
-        "prompt_tokens_details": {"cached_tokens": result.stats.n_cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(r.stats.n_cached_tokens for r in prompted)},
     }
 
 
@@ -79,8 +84,25 @@ def speculative_stats(result: GenerationResult) -> dict[str, Any]:
     }
 
 
-def full_body(env: Envelope, result: GenerationResult) -> dict[str, Any]:
-    """A non-streaming response."""
+def full_body(
+    env: Envelope, result: GenerationResult, *more: GenerationResult, n: int = 1
+) -> dict[str, Any]:
+    """A non-streaming response: one answer, or several (n per prompt), each its choice. Our
+    stats are the first answer's, and with several each answer's in their `choices`."""
+    results = (result, *more)
+    choices = [{**_full_choice(env, r), "index": i} for i, r in enumerate(results)]
+    stats = speculative_stats(result)
+    if more:
+        stats["choices"] = [speculative_stats(r) for r in results]
+    return {
+        **env.head(),
+        "choices": choices,
+        "usage": usage(*results, n=n),
+        "edge_spec": stats,
+    }
+
+
+def _full_choice(env: Envelope, result: GenerationResult) -> dict[str, Any]:
     finish = FINISH_REASONS[result.finish_reason]
     if env.chat:
         message: dict[str, Any] = {"role": "assistant", "content": result.text}
@@ -96,12 +118,7 @@ def full_body(env: Envelope, result: GenerationResult) -> dict[str, Any]:
     else:
         scored = logprobs(env, result.logprobs)
         choice = {"index": 0, "text": result.text, "logprobs": scored, "finish_reason": finish}
-    return {
-        **env.head(),
-        "choices": [choice],
-        "usage": usage(result),
-        "edge_spec": speculative_stats(result),
-    }
+    return choice
 
 
 def logprobs(
@@ -121,7 +138,10 @@ def logprobs(
     return {
         "tokens": [t.token for t in scored],
         "token_logprobs": [t.logprob for t in scored],
-        "top_logprobs": [{u.token: u.logprob for u in t.top} for t in scored],
+        # An echoed prompt's first token has no logprob, and no alternatives: null, as OpenAI's.
+        "top_logprobs": [
+            None if t.logprob is None else {u.token: u.logprob for u in t.top} for t in scored
+        ],
         "text_offset": offsets,
     }
 
@@ -133,40 +153,45 @@ def logprob_entry(scored: TokenLogprob, top: bool = False) -> dict[str, Any]:
     return entry
 
 
-def first_chunk(env: Envelope) -> dict[str, Any] | None:
+def first_chunk(env: Envelope, index: int = 0) -> dict[str, Any] | None:
     """Chat streams open with the assistant's role; completion streams need no opening."""
     if not env.chat:
         return None
-    return {**env.head(True), "choices": [_choice(env, "", None, role=True)]}
+    return {**env.head(True), "choices": [_choice(env, "", None, role=True, index=index)]}
 
 
-def text_chunk(env: Envelope, text: str, scored: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {**env.head(True), "choices": [_choice(env, text, None, scored=scored)]}
+def text_chunk(
+    env: Envelope, text: str, scored: dict[str, Any] | None = None, index: int = 0
+) -> dict[str, Any]:
+    return {**env.head(True), "choices": [_choice(env, text, None, scored=scored, index=index)]}
 
 
 def final_chunks(
     env: Envelope,
     tail: str,
     result: GenerationResult,
-    include_usage: bool,
     scored: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> list:
-    """The tool calls' chunk, if the answer made calls; the chunk with finish_reason (and our
-    stats, and the logprobs of tokens not yet sent); then the usage chunk if it was asked for."""
+    """The tool calls' chunk, if the answer made calls; then the chunk with finish_reason (and
+    our stats, and the logprobs of tokens not yet sent)."""
     calls = []
     if result.tool_calls:
         deltas = [{"index": i, **call.to_dict()} for i, call in enumerate(result.tool_calls)]
-        choice = {"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None}
+        choice = {"index": index, "delta": {"tool_calls": deltas}, "logprobs": None}
         calls.append({**env.head(True), "choices": [{**choice, "finish_reason": None}]})
         tail = ""
+    finish = FINISH_REASONS[result.finish_reason]
     last = {
         **env.head(True),
-        "choices": [_choice(env, tail, FINISH_REASONS[result.finish_reason], scored=scored)],
+        "choices": [_choice(env, tail, finish, scored=scored, index=index)],
         "edge_spec": speculative_stats(result),
     }
-    if not include_usage:
-        return [*calls, last]
-    return [*calls, last, {**env.head(True), "choices": [], "usage": usage(result)}]
+    return [*calls, last]
+
+
+def usage_chunk(env: Envelope, *results: GenerationResult, n: int = 1) -> dict[str, Any]:
+    return {**env.head(True), "choices": [], "usage": usage(*results, n=n)}
 
 
 class Events(Protocol):
@@ -198,31 +223,42 @@ class ChatShape:
     env: Envelope
     include_usage: bool = False
     tools: bool = False
+    n_choices: int = 1  # answers in the response, one after another
+    n: int = 1  # of them, answers per prompt (usage counts each prompt once)
 
     @property
     def param(self) -> str:
         return "messages" if self.env.chat else "prompt"
 
-    def body(self, result: GenerationResult) -> dict[str, Any]:
-        return full_body(self.env, result)
+    def body(self, result: GenerationResult, *more: GenerationResult) -> dict[str, Any]:
+        return full_body(self.env, result, *more, n=self.n)
 
     def events(self) -> ChatEvents:
-        return ChatEvents(self.env, self.include_usage, self.tools)
+        return ChatEvents(self.env, self.include_usage, self.tools, self.n_choices, self.n)
 
 
 class ChatEvents:
     """The server-sent events of one streamed chat or completion: the opening chunk, text chunks
     as the answer is verified (held back by a ContentGate where tool calls may begin), the
-    final chunks, then [DONE]; or an error's body."""
+    final chunks, then [DONE]; or an error's body. Several answers (n, or several prompts) go
+    one after another, each its choice's index; the usage chunk and [DONE] after the last."""
 
-    def __init__(self, env: Envelope, include_usage: bool, tools: bool) -> None:
-        self.env, self.include_usage = env, include_usage
-        self.gate = ContentGate() if tools else None
+    def __init__(
+        self, env: Envelope, include_usage: bool, tools: bool, n_choices: int = 1, n: int = 1
+    ) -> None:
+        self.env, self.include_usage, self.tools = env, include_usage, tools
+        self.n_choices, self.n = n_choices, n
+        self.results: list[GenerationResult] = []
+        self._begin(0)
+
+    def _begin(self, index: int) -> None:
+        self.index = index
+        self.gate = ContentGate() if self.tools else None
         self.scored: list[TokenLogprob] = []  # logprobs not sent yet (their text held back)
         self.offset = 0  # completions: where the next token's text starts
 
     def opening(self) -> list[str]:
-        first = first_chunk(self.env)
+        first = first_chunk(self.env, self.index)
         return [] if first is None else [json.dumps(first)]
 
     def delta(self, text: str, scored: tuple[TokenLogprob, ...] = ()) -> list[str]:
@@ -230,7 +266,7 @@ class ChatEvents:
         self.scored += scored
         if not text:
             return []
-        return [json.dumps(text_chunk(self.env, text, self._take_scored()))]
+        return [json.dumps(text_chunk(self.env, text, self._take_scored(), self.index))]
 
     def final(
         self, text: str, result: GenerationResult, scored: tuple[TokenLogprob, ...] = ()
@@ -239,8 +275,15 @@ class ChatEvents:
             text = self.gate.feed(text) + self.gate.rest(bool(result.tool_calls))
         self.scored += scored
         pending = self._take_scored() if result.logprobs is not None else None
-        chunks = final_chunks(self.env, text, result, self.include_usage, pending)
-        return [*(json.dumps(chunk) for chunk in chunks), "[DONE]"]
+        chunks = final_chunks(self.env, text, result, pending, self.index)
+        self.results.append(result)
+        out = [json.dumps(chunk) for chunk in chunks]
+        if len(self.results) < self.n_choices:
+            self._begin(self.index + 1)
+            return out + self.opening()
+        if self.include_usage:
+            out.append(json.dumps(usage_chunk(self.env, *self.results, n=self.n)))
+        return [*out, "[DONE]"]
 
     def _take_scored(self) -> dict[str, Any] | None:
         if not self.scored:
@@ -299,13 +342,14 @@ def _choice(
     finish: str | None,
     role: bool = False,
     scored: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     if env.chat:
         delta: dict[str, Any] = {"content": text} if text or role else {}
         if role:
             delta = {"role": "assistant", **delta}
-        return {"index": 0, "delta": delta, "logprobs": scored, "finish_reason": finish}
-    return {"index": 0, "text": text, "logprobs": scored, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": scored, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": scored, "finish_reason": finish}
 
 
 def model_card(model_id: str, created: int, details: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,8 @@ MAX_STOP_STRINGS = 16
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound for /v1/completions' logprobs
 MAX_SESSION_KEY = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_CHOICES = 16  # n: answers per prompt, generated one after another
+MAX_PROMPTS = 128  # /v1/completions: prompts in one request (lm-evaluation-harness batches)
 
 _COMMON = frozenset(
     ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options")
@@ -48,9 +50,7 @@ _CHAT = _COMMON | {
 }
 # Fields accepted only at the value that means "feature off".
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
-    "echo": (None, False),
     "suffix": (None, ""),
     "functions": (None, []),  # the deprecated forms of tools and tool_choice
     "function_call": (None, "none"),
@@ -109,37 +109,82 @@ class RequestLimits:
     server_draft_mode: str = "auto"
 
 
+Prompt = str | tuple[int, ...]  # text, or the target's token ids
+
+
 @dataclass(frozen=True)
 class ParsedRequest:
     model: str
-    prompt: str | tuple[int, ...] | None  # /v1/completions: text or token ids
+    prompts: tuple[Prompt, ...] | None  # /v1/completions: one or more
     messages: tuple[dict[str, Any], ...] | None  # /v1/chat/completions
     config: GenerationConfig
     stream: bool
     include_usage: bool
+    n: int = 1  # answers per prompt (or per conversation)
+    echo: bool = False  # /v1/completions: each answer's text (and logprobs) begin with its prompt
+
+    def choices(self) -> list[tuple[Prompt | None, GenerationConfig]]:
+        """What each choice generates from, in OpenAI's order (prompt by prompt, n each): its
+        prompt (None: the messages) and its config. With a seed, choice j of a prompt draws
+        with seed + j, so the n answers differ and each is reproducible."""
+        seed = self.config.sampling.seed
+        out = []
+        for prompt in self.prompts or (None,):
+            for j in range(self.n):
+                cfg = self.config
+                if seed is not None and j:
+                    sampling = replace(cfg.sampling, seed=(seed + j) % 2**63)
+                    cfg = replace(cfg, sampling=sampling)
+                out.append((prompt, cfg))
+        return out
 
 
 def parse_completion(body: object, limits: RequestLimits) -> ParsedRequest:
     """Requires a JSON object in OpenAI's completions shape; raises APIError(400) otherwise."""
     fields = _check_fields(body, _COMPLETION)
-    prompt = fields.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # one prompt, as a string or as token ids
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        if any(t < 0 for t in prompt):
-            raise bad("prompt token ids must be >= 0", "prompt")
-        prompt = tuple(prompt)
-    elif isinstance(prompt, list):
-        raise bad("one prompt per request: a string or an array of token ids", "prompt")
-    elif not isinstance(prompt, str):
-        raise bad("'prompt' must be a string", "prompt", "missing_required_parameter")
+    prompts = _prompts(fields.get("prompt"))
     max_tokens = _int(fields, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     logprobs = _int(fields, "logprobs", None)  # the top alternatives per token, or null
     if logprobs is not None and logprobs > MAX_COMPLETION_LOGPROBS:
         raise bad(
             f"'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {logprobs}", "logprobs"
         )
-    return _parsed(fields, limits, max_tokens, prompt=prompt, logprobs=logprobs)
+    echo = _bool(fields, "echo", False)
+    req = _parsed(fields, limits, max_tokens, prompts=prompts, logprobs=logprobs)
+    if echo and (logprobs is not None or any(not isinstance(p, str) for p in prompts)):
+        # The echoed tokens' text (and logprobs) come from scoring the prompt.
+        config = replace(req.config, prompt_logprobs=logprobs or 0)
+        req = replace(req, config=config)
+    return replace(req, echo=echo)
+
+
+def _prompts(value: object) -> tuple[Prompt, ...]:
+    """OpenAI's forms of `prompt`: a string, token ids, or an array of either."""
+    if isinstance(value, str) or _token_ids(value):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise bad(
+            "'prompt' must be a string, an array of token ids, or an array of either",
+            "prompt",
+            "missing_required_parameter",
+        )
+    if len(value) > MAX_PROMPTS:
+        raise bad(f"at most {MAX_PROMPTS} prompts per request, got {len(value)}", "prompt")
+    prompts: list[Prompt] = []
+    for i, prompt in enumerate(value):
+        if isinstance(prompt, str):
+            prompts.append(prompt)
+        elif _token_ids(prompt):
+            if any(t < 0 for t in prompt):
+                raise bad(f"prompt[{i}]: token ids must be >= 0", "prompt")
+            prompts.append(tuple(prompt))
+        else:
+            raise bad(f"prompt[{i}] must be a string or a non-empty array of token ids", "prompt")
+    return tuple(prompts)
+
+
+def _token_ids(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(t) for t in value)
 
 
 def parse_chat(body: object, limits: RequestLimits) -> ParsedRequest:
@@ -280,11 +325,11 @@ def _parsed(
     limits: RequestLimits,
     max_tokens: int,
     *,
-    prompt: str | tuple[int, ...] | None = None,
+    prompts: tuple[Prompt, ...] | None = None,
     messages: tuple[dict[str, str], ...] | None = None,
     logprobs: int | None = None,
 ) -> ParsedRequest:
-    if max_tokens < 1:
+    if max_tokens < 1 and prompts is None:  # a completion of 0 tokens: scoring its prompt
         raise bad(f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
     if max_tokens > limits.max_tokens_limit:
         raise bad(
@@ -327,7 +372,10 @@ def _parsed(
         name = str(exc).split(" ", 1)[0].strip("'")
         name = next((f for f in fields if name.startswith(f)), name)
         raise bad(str(exc), name if name in fields else None) from exc
-    return ParsedRequest(fields["model"], prompt, messages, config, stream, include_usage)
+    n = _int(fields, "n", 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad(f"'n' must be in [1, {MAX_CHOICES}], got {n}", "n")
+    return ParsedRequest(fields["model"], prompts, messages, config, stream, include_usage, n)
 
 
 def _structured(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,9 +3,11 @@ a time in arrival order (EdgeSpec is not thread-safe, and one pair has one KV ca
 
 Each job reports back to the event loop through an asyncio.Queue of events:
 ("delta", TextDelta) per decode step (the last one carries the result), or ("error", exc), or
-("cancelled", None). A job is cancelled by setting its flag from any thread; the worker looks at
-the flag before starting and after every step, then closes the generator, which releases the
-EdgeSpec's lock, so a cancelled generation stops within one step.
+("cancelled", None). A job may generate several answers (OpenAI's n, or several prompts), one
+after another: each ends with the delta that carries its result. A job is cancelled by setting
+its flag from any thread; the worker looks at the flag before starting and after every step,
+then closes the generator, which releases the EdgeSpec's lock, so a cancelled generation stops
+within one step.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from edge_spec.api import EdgeSpec, TextDelta
@@ -37,10 +39,13 @@ class UnavailableError(Exception):
 
 
 class Job:
-    """One generation: `start` builds its delta iterator on the worker thread."""
+    """One request: each of `starts` (or the one start) builds a generation's delta iterator
+    on the worker thread, the next once the one before has its result."""
 
-    def __init__(self, start: StartFn, loop: asyncio.AbstractEventLoop) -> None:
-        self.start = start
+    def __init__(
+        self, starts: StartFn | Sequence[StartFn], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.starts: tuple[StartFn, ...] = (starts,) if callable(starts) else tuple(starts)
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._loop = loop
         self._cancelled = threading.Event()
@@ -186,11 +191,27 @@ class Worker:
             job.emit("cancelled")
             return
         assert self.spec is not None
+        try:
+            for i, start in enumerate(job.starts):
+                if i and job.cancelled:  # between two answers
+                    self._metrics.cancelled.inc()
+                    job.emit("cancelled")
+                    return
+                if not self._generate(job, start, timed=i == 0):
+                    return
+        finally:
+            self._running = None
+
+    def _generate(self, job: Job, start: StartFn, timed: bool) -> bool:
+        """Run one generation of the job, emitting its deltas; False if it ended without a
+        result (cancelled or failed, and reported as such). `timed`: its first token counts
+        as the request's."""
+        assert self.spec is not None
         deltas: Iterator[TextDelta] | None = None
         n_generated = 0
-        first = True
+        first = timed
         try:
-            deltas = job.start(self.spec)
+            deltas = start(self.spec)
             for delta in deltas:
                 n_generated += len(delta.token_ids)
                 if first and (delta.token_ids or delta.result is not None):
@@ -199,13 +220,14 @@ class Worker:
                 job.emit("delta", delta)
                 if delta.result is not None:
                     self._record(delta)
-                    return
+                    return True
                 if job.cancelled:
                     log.info("generation cancelled after %d tokens", n_generated)
                     self._metrics.cancelled.inc()
                     self._metrics.completion_tokens.inc(n_generated)
                     job.emit("cancelled")
-                    return
+                    return False
+            raise RuntimeError("a generation ended without its result")
         except Exception as exc:  # noqa: BLE001 - every failure goes back to its request
             if not isinstance(exc, EdgeSpecError):
                 log.exception("generation failed")
@@ -217,10 +239,10 @@ class Worker:
                         self._state = "rpc_lost"
                         self.load_error = exc
             job.emit("error", exc)
+            return False
         finally:
             if deltas is not None and hasattr(deltas, "close"):
                 deltas.close()  # runs the generator's finally blocks: releases the lock
-            self._running = None
 
     def _record(self, delta: TextDelta) -> None:
         result = delta.result
