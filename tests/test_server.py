@@ -1455,6 +1455,54 @@ def test_n_answers_several_prompts_and_echo_through_the_openai_client(server: Li
     assert batch.choices[0].text == "".join(first.tokens)
 
 
+@models
+def test_llama_servers_token_routes(server: LiveServer) -> None:
+    """/tokenize, /detokenize and /apply-template answer as llama-server's do, at once, also
+    while a generation runs: the template's text is the prompt a chat request is charged for,
+    tokens round-trip to their text, and bad ids or fields are 400s."""
+    headers = server.headers()
+    ask = [{"role": "user", "content": "Name a color."}]
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+        prompt = http.post("/apply-template", json={"messages": ask}).json()["prompt"]
+        assert "Name a color." in prompt
+        ids = http.post("/tokenize", json={"content": prompt, "add_special": True}).json()
+        chat = server.client().chat.completions.create(
+            model=MODEL_ALIAS, messages=ask, max_tokens=2, temperature=0
+        )
+        assert len(ids["tokens"]) == chat.usage.prompt_tokens
+        text = "Grüße, 東京! "
+        plain = http.post("/tokenize", json={"content": text}).json()["tokens"]
+        assert http.post("/detokenize", json={"tokens": plain}).json() == {"content": text}
+        pieces = http.post("/tokenize", json={"content": text, "with_pieces": True}).json()
+        assert [p["id"] for p in pieces["tokens"]] == plain
+        joined = b"".join(
+            p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+            for p in pieces["tokens"]
+        )
+        assert joined.decode() == text
+        with ThreadPoolExecutor(1) as pool:  # beside a running generation
+            running = pool.submit(
+                server.client().completions.create,
+                model=MODEL_ALIAS, prompt="Once upon a time", max_tokens=48, temperature=0,
+            )  # fmt: skip
+            for _ in range(20):
+                assert http.post("/tokenize", json={"content": text}).json()["tokens"] == plain
+            assert running.result().usage.completion_tokens > 0
+        for path, body, param in (
+            ("/detokenize", {"tokens": [10**9]}, "tokens"),
+            ("/detokenize", {"tokens": [-1]}, "tokens"),
+            ("/detokenize", {"tokens": "12"}, "tokens"),
+            ("/tokenize", {"content": 5}, "content"),
+            ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
+            ("/tokenize", {"content": "x", "extra": 1}, "extra"),
+            ("/apply-template", {"messages": []}, "messages"),
+        ):
+            answer = http.post(path, json=body)
+            assert answer.status_code == 400, (path, body, answer.text)
+            assert answer.json()["error"]["param"] == param
+        assert httpx.post(f"{server.url}/tokenize", json={"content": "x"}).status_code == 401
+
+
 def _same_logprobs(got: list[Any], expected: list[Any]) -> bool:
     """The same tokens with the same logprobs, up to llama.cpp's batching noise: another
     request's rows come from other batches (a prompt prefix kept in the cache, other drafts)."""
@@ -1510,6 +1558,13 @@ def test_the_messages_api_through_anthropics_client(server: LiveServer) -> None:
     ]
     answer = client.messages.create(messages=history, tools=tools, **options)
     assert answer.content and answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    # count_tokens: the input tokens the same request is charged (with tools, a history).
+    for system, messages, with_tools in (("You are terse.", turn, False), (None, history, True)):
+        extra = {"tools": tools} if with_tools else {}
+        extra.update({"system": system} if system else {})
+        counted = client.messages.count_tokens(model=MODEL_ALIAS, messages=messages, **extra)
+        charged = client.messages.create(messages=messages, **extra, **options).usage
+        assert counted.input_tokens == charged.input_tokens
 
     word = done.content[0].text.split()[2]
     stopped = client.messages.create(messages=turn, stop_sequences=[word], **options)

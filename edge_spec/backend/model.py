@@ -271,15 +271,28 @@ class LlamaModel:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token contributes to output text (control tokens contribute nothing)."""
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+        return self._piece(token, self._piece_buf)
+
+    def _piece(self, token: int, buf: ctypes.Array) -> bytes:
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
         if n < 0:
             big = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, big, -n, 0, False)
             return big.raw[:n]
-        return self._piece_buf.raw[:n]
+        return buf.raw[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+        return b"".join(self.pieces(tokens)).decode("utf-8", "replace")
+
+    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes, each id in [0, n_vocab). Safe beside a running decode on
+        another thread (a buffer of its own; the vocabulary is read-only), as in a server's
+        handler."""
+        ids = [int(t) for t in tokens]
+        if ids and (min(ids) < 0 or max(ids) >= self.n_vocab):
+            raise InvalidRequestError(f"token id out of range [0, {self.n_vocab})")
+        buf = ctypes.create_string_buffer(256)
+        return [self._piece(t, buf) for t in ids]
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary's raw text for a token id (used by the compatibility check)."""

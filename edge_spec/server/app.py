@@ -1,5 +1,6 @@
 """The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses,
-Anthropic's /v1/messages (JSON or SSE), plus /health and /metrics. One worker thread owns the
+Anthropic's /v1/messages (JSON or SSE) and its count_tokens, llama-server's /tokenize,
+/detokenize and /apply-template, plus /health and /metrics. One worker thread owns the
 models (see worker.py); handlers only parse, queue, wait and format."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sse_starlette import EventSourceResponse
 
 from edge_spec.api import EdgeSpec
 from edge_spec.drafts.ngram import SCOPE_SEP
-from edge_spec.server import choices
+from edge_spec.server import choices, tokens_api
 from edge_spec.server import responses as out
 from edge_spec.server.errors import api_error, install_error_handlers, read_json
 from edge_spec.server.messages_api import MessageShape, parse_messages
@@ -200,6 +201,32 @@ def create_app(
         return await _serve(
             request, worker, config, req, MessageShape(env, tools=req.config.tool_mode != "none")
         )
+
+    async def at_once(run: Callable[[EdgeSpec], dict[str, Any]]) -> JSONResponse:
+        """A token utility's answer, computed beside whatever generation runs (errors: the
+        app's handlers)."""
+        return JSONResponse(await asyncio.to_thread(worker.with_spec, run))
+
+    @secured.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request) -> JSONResponse:
+        body = await read_json(request, config.max_request_bytes)
+        return await at_once(tokens_api.count_tokens(body, config.limits))
+
+    @secured.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        return await at_once(
+            tokens_api.tokenize(await read_json(request, config.max_request_bytes))
+        )
+
+    @secured.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await read_json(request, config.max_request_bytes)
+        return await at_once(tokens_api.detokenize(body))
+
+    @secured.post("/apply-template")
+    async def apply_template(request: Request) -> JSONResponse:
+        body = await read_json(request, config.max_request_bytes)
+        return await at_once(tokens_api.apply_template(body, config.limits, config.model_ids[0]))
 
     app.include_router(secured)
     return app

@@ -101,6 +101,7 @@ class Worker:
         self._state: State = "loading"
         self._running: Job | None = None
         self.spec: EdgeSpec | None = None
+        self._spec_lock = threading.Lock()  # with_spec's calls against close
         self.load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="edge-spec-worker", daemon=True)
 
@@ -129,6 +130,15 @@ class Worker:
                 self._queue.put_nowait(job)
             except queue.Full:
                 raise QueueFullError from None
+
+    def with_spec(self, fn: Callable[[EdgeSpec], Any]) -> Any:
+        """fn(spec) now, on the caller's thread, beside whatever generation runs: for what
+        only reads the vocabulary and the template (tokenizing, rendering a chat). Raises
+        UnavailableError unless the models are loaded."""
+        with self._spec_lock:
+            if self._state != "ready" or self.spec is None:
+                raise UnavailableError(self._state)
+            return fn(self.spec)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Refuse new jobs, cancel the queued and the running one, wait for the thread."""
@@ -175,7 +185,9 @@ class Worker:
                     continue
                 self._run(job)
         finally:
-            self.spec.close()
+            with self._spec_lock:
+                self.spec.close()
+                self.spec = None
 
     def _run(self, job: Job) -> None:
         # _running is set before the state is read, and stop() sets the state before it reads
