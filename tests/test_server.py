@@ -1472,7 +1472,7 @@ def test_llama_servers_token_routes(server: LiveServer) -> None:
         assert len(ids["tokens"]) == chat.usage.prompt_tokens
         text = "Grüße, 東京! "
         plain = http.post("/tokenize", json={"content": text}).json()["tokens"]
-        assert http.post("/detokenize", json={"tokens": plain}).json() == {"content": text}
+        assert http.post("/detokenize", json={"tokens": plain}).json()["content"] == text
         pieces = http.post("/tokenize", json={"content": text, "with_pieces": True}).json()
         assert [p["id"] for p in pieces["tokens"]] == plain
         joined = b"".join(
@@ -1501,6 +1501,59 @@ def test_llama_servers_token_routes(server: LiveServer) -> None:
             assert answer.status_code == 400, (path, body, answer.text)
             assert answer.json()["error"]["param"] == param
         assert httpx.post(f"{server.url}/tokenize", json={"content": "x"}).status_code == 401
+
+
+@models
+def test_lm_evaluation_harness_requests(server: LiveServer) -> None:
+    """lm-evaluation-harness's local-completions, as it talks to a server: its remote tokenizer
+    (/tokenizer_info, vLLM's /tokenize and /detokenize), then loglikelihood requests (a batch of
+    context + continuation token ids, echo, logprobs 1, max_tokens 1) read as it reads them:
+    token_logprobs[ctxlen:-1] are the continuation's, and is_greedy holds exactly when the
+    continuation is the greedy answer -- also where the greedy answer ends with the
+    end-of-generation token, which the last entry then is."""
+    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=120) as http:
+        info = http.get("/tokenizer_info").json()
+        assert info["eos_token"] and "chat_template" in info
+
+        def encode(text: str) -> list[int]:
+            body = {"prompt": text, "add_special_tokens": False}
+            return http.post("/tokenize", json=body).json()["tokens"]
+
+        assert (
+            http.post("/detokenize", json={"tokens": encode("Paris")}).json()["prompt"] == "Paris"
+        )
+        ask = "What is 2+2? Answer with a number only."
+        chat = f"<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n"
+        greedy = http.post(
+            "/v1/completions",
+            json={"model": MODEL_ALIAS, "prompt": chat, "max_tokens": 40, "temperature": 0},
+        ).json()
+        assert greedy["edge_spec"]["finish_reason"] == "eos"  # a whole answer
+        answer = greedy["choices"][0]["text"]
+        fact = "The capital of France is"
+        alone = http.post(
+            "/v1/completions",
+            json={"model": MODEL_ALIAS, "prompt": fact, "max_tokens": 2, "temperature": 0},
+        ).json()["choices"][0]["text"]
+        cases = [(chat, answer, True), (fact, alone, True), (fact, " a banana", False)]
+        prompts, ctxlens = [], []
+        for context, continuation, _ in cases:
+            ctx, whole = encode(context), encode(context + continuation)
+            assert whole[: len(ctx)] == ctx
+            prompts.append(whole)
+            ctxlens.append(len(ctx))
+        payload = {"model": MODEL_ALIAS, "prompt": prompts, "temperature": 0, "max_tokens": 1}
+        payload.update(logprobs=1, seed=1234, echo=True)
+        out = http.post("/v1/completions", json=payload).json()
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    for choice, ctxlen, whole, (_, _, is_greedy) in zip(choices, ctxlens, prompts, cases):
+        scored = choice["logprobs"]
+        assert len(scored["token_logprobs"]) == len(whole) + 1  # the prompt, then one token
+        continuation = scored["token_logprobs"][ctxlen:-1]
+        tops = scored["top_logprobs"][ctxlen:-1]
+        assert len(continuation) == len(whole) - ctxlen and all(lp < 0 for lp in continuation)
+        assert all(lp == max(top.values()) for lp, top in zip(continuation, tops)) == is_greedy
+    assert choices[0]["logprobs"]["tokens"][-1] in ("", info["eos_token"])
 
 
 def _same_logprobs(got: list[Any], expected: list[Any]) -> bool:

@@ -318,6 +318,9 @@ class GenerationResult:
     # One per prompt token where the request asked for prompt_logprobs (the first with
     # logprob None); None otherwise.
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    # With logprobs, where an end-of-generation token ended the answer (finish "eos"): its
+    # logprob (it is not in token_ids; OpenAI's completions list it last).
+    end_logprob: TokenLogprob | None = None
 
     @property
     def reply(self) -> str:

@@ -276,6 +276,7 @@ class EdgeSpec:
             scored: list[TokenLogprob] = []  # with cfg.logprobs: one per token of token_ids
             prompt_scored: tuple[TokenLogprob, ...] | None = None  # cfg.prompt_logprobs
             unsent = None  # the prompt's logprobs until the first delta carries them
+            end_scored: TokenLogprob | None = None  # the end-of-generation token's
             finish: FinishReason | None = None
             steps = run_steps(
                 self.target,
@@ -304,6 +305,8 @@ class EdgeSpec:
                     new_ids, finish = self._take(event, len(token_ids), text, cfg.max_tokens)
                     token_ids.extend(new_ids)
                     scored.extend(self._scored(event.logprobs[: len(new_ids)]))
+                    if finish == "eos" and len(event.logprobs) > len(new_ids):
+                        end_scored = self._scored(event.logprobs[len(new_ids) :][:1])[0]
                     if finish is not None:
                         break
                     spans = text.take_ready_spans()
@@ -353,6 +356,7 @@ class EdgeSpec:
                 logprobs=tuple(scored) if cfg.logprobs is not None else None,
                 stop_string=text.matched if finish == "stop" else None,
                 prompt_logprobs=prompt_scored,
+                end_logprob=end_scored,
             )
             self._learned.request_done()
             last = tuple(scored[len(token_ids) - len(new_ids) :])

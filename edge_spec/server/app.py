@@ -218,6 +218,10 @@ def create_app(
             tokens_api.tokenize(await read_json(request, config.max_request_bytes))
         )
 
+    @secured.get("/tokenizer_info")
+    async def tokenizer_info() -> JSONResponse:
+        return await at_once(tokens_api.tokenizer_info)
+
     @secured.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
         body = await read_json(request, config.max_request_bytes)

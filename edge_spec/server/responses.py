@@ -116,9 +116,19 @@ def _full_choice(env: Envelope, result: GenerationResult) -> dict[str, Any]:
             "finish_reason": finish,
         }
     else:
-        scored = logprobs(env, result.logprobs)
+        scored = logprobs(env, _with_end(result, result.logprobs))
         choice = {"index": 0, "text": result.text, "logprobs": scored, "finish_reason": finish}
     return choice
+
+
+def _with_end(
+    result: GenerationResult, scored: tuple[TokenLogprob, ...] | None
+) -> tuple[TokenLogprob, ...] | None:
+    """A completion's logprobs end with its end-of-generation token's, where one ended it, as
+    OpenAI's do (lm-evaluation-harness reads each answer's last entry as its generated token)."""
+    if scored is None or result.end_logprob is None:
+        return scored
+    return (*scored, result.end_logprob)
 
 
 def logprobs(
@@ -273,7 +283,7 @@ class ChatEvents:
     ) -> list[str]:
         if self.gate is not None:
             text = self.gate.feed(text) + self.gate.rest(bool(result.tool_calls))
-        self.scored += scored
+        self.scored += scored if self.env.chat else _with_end(result, scored) or ()
         pending = self._take_scored() if result.logprobs is not None else None
         chunks = final_chunks(self.env, text, result, pending, self.index)
         self.results.append(result)

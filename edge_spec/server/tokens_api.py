@@ -1,4 +1,5 @@
-"""Token utilities: llama-server's /tokenize, /detokenize and /apply-template, and Anthropic's
+"""Token utilities: llama-server's /tokenize, /detokenize and /apply-template (also in vLLM's
+spelling, with its /tokenizer_info: lm-evaluation-harness's remote tokenizer), and Anthropic's
 /v1/messages/count_tokens. They read only the target's vocabulary and chat template, so they
 run at once (Worker.with_spec), beside whatever generation runs, as llama-server's do."""
 
@@ -17,9 +18,14 @@ MAX_DETOKENIZE = 1 << 20  # token ids in one /detokenize request
 def tokenize(body: object) -> Any:
     """/tokenize {content, add_special (false), parse_special (true), with_pieces (false)} ->
     fn(spec) answering {tokens: [id]} or, with pieces, {tokens: [{id, piece}]} (a piece that
-    is no whole UTF-8 text as its bytes)."""
-    allowed = frozenset(("content", "add_special", "parse_special", "with_pieces"))
-    fields = check_known(body, allowed, {})
+    is no whole UTF-8 text as its bytes). vLLM's spelling: `prompt`, `add_special_tokens`."""
+    allowed = ("content", "add_special", "parse_special", "with_pieces")
+    fields = dict(check_known(body, frozenset((*allowed, *_VLLM)), {}))
+    for vllm, ours in _VLLM.items():
+        if vllm in fields:
+            if ours in fields:
+                raise bad(f"give '{ours}' or '{vllm}', not both", vllm)
+            fields[ours] = fields.pop(vllm)
     content = fields.get("content")
     if not isinstance(content, str):
         raise bad("'content' must be a string", "content", "missing_required_parameter")
@@ -29,12 +35,33 @@ def tokenize(body: object) -> Any:
 
     def run(spec: EdgeSpec) -> dict[str, Any]:
         ids = spec.target.tokenize(content, add_special=add_special, parse_special=parse_special)
+        counts = {"count": len(ids), "max_model_len": spec.target.n_ctx}  # vLLM's
         if not with_pieces:
-            return {"tokens": ids}
+            return {"tokens": ids, **counts}
         pieces = spec.target.pieces(ids)
-        return {"tokens": [{"id": t, "piece": _text(b)} for t, b in zip(ids, pieces)]}
+        return {"tokens": [{"id": t, "piece": _text(b)} for t, b in zip(ids, pieces)], **counts}
 
     return run
+
+
+_VLLM = {"prompt": "content", "add_special_tokens": "add_special"}
+
+
+def tokenizer_info(spec: EdgeSpec) -> dict[str, Any]:
+    """vLLM's /tokenizer_info: the special tokens' text and the chat template."""
+    info = spec.target.info
+
+    def text(token: int) -> str | None:
+        return spec.target.token_text(token).decode("utf-8", "replace") if token >= 0 else None
+
+    return {
+        "tokenizer_class": "llama.cpp",
+        "bos_token": text(info.bos_id),
+        "eos_token": text(info.eos_id),
+        "pad_token": None,
+        "chat_template": spec.chat_template.text,
+        "model_max_length": spec.target.n_ctx,
+    }
 
 
 def _text(piece: bytes) -> str | list[int]:
@@ -45,7 +72,7 @@ def _text(piece: bytes) -> str | list[int]:
 
 
 def detokenize(body: object) -> Any:
-    """/detokenize {tokens: [id]} -> fn(spec) answering {content}."""
+    """/detokenize {tokens: [id]} -> fn(spec) answering {content} (and vLLM's {prompt})."""
     fields = check_known(body, frozenset(("tokens",)), {})
     tokens = fields.get("tokens")
     if not isinstance(tokens, list) or not all(
@@ -59,7 +86,8 @@ def detokenize(body: object) -> Any:
         n_vocab = spec.target.n_vocab
         if any(not 0 <= t < n_vocab for t in tokens):
             raise bad(f"token ids must be in [0, {n_vocab})", "tokens")
-        return {"content": spec.target.detokenize(tokens)}
+        text = spec.target.detokenize(tokens)
+        return {"content": text, "prompt": text}  # llama-server's name, and vLLM's
 
     return run
 
