@@ -83,10 +83,23 @@ def _assert_user_error(out: subprocess.CompletedProcess[str], needle: str) -> No
         (["--seed", "one"], "invalid seed value"),
         (["--json", "--logprobs", "30"], "logprobs"),
         (["--logprobs", "2"], "needs --json"),
+        (["--prompt", "Hi"], "one way"),  # beside the argument "Hello"
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
     _assert_user_error(edge_spec("generate", "Hello", *args), needle)
+
+
+def test_the_prompt_may_come_as_llama_cpps_p_option(target_path) -> None:
+    """`-p/--prompt TEXT` (llama-cli's spelling) is the prompt, not an abbreviation of
+    --prompt-file: the same answer as the argument."""
+    common = ("--draft-mode", "none", "--max-tokens", "8", "--temperature", "0", "--json")
+    outs = [
+        edge_spec("generate", *flag, "The three primary colors are", *common)
+        for flag in ((), ("--prompt",), ("-p",))
+    ]
+    assert all(out.returncode == 0 for out in outs), [out.stderr for out in outs]
+    assert len({json.loads(out.stdout)["text"] for out in outs}) == 1
 
 
 def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp() -> None:

@@ -36,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         sub, NAME, "generate text speculatively and report its statistics", __doc__
     )
     gen.add_argument("prompt", nargs="?", help="the prompt (default: read --prompt-file or stdin)")
+    gen.add_argument(
+        "-p",
+        "--prompt",
+        dest="prompt_text",
+        metavar="TEXT",
+        help="the prompt, as llama.cpp's tools take it (instead of the argument)",
+    )
     gen.add_argument("--prompt-file", help="read the prompt from this file")
     gen.add_argument(
         "--chat",
@@ -93,8 +100,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
-    if args.prompt is not None and args.prompt_file:
-        raise InvalidRequestError("give the prompt either as an argument or with --prompt-file")
+    given = [args.prompt is not None, args.prompt_text is not None, bool(args.prompt_file)]
+    if sum(given) > 1:
+        raise InvalidRequestError(
+            "give the prompt one way: as an argument, with --prompt or with --prompt-file"
+        )
+    if args.prompt_text is not None:
+        return str(args.prompt_text)
     if args.prompt_file:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
