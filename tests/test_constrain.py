@@ -457,7 +457,7 @@ def test_greedy_structured_answers_equal_the_constrained_target_alone(chat: bool
                 for call in alone.tool_calls:
                     params = WEATHER["function"]["parameters"]
                     jsonschema.validate(json.loads(call.arguments), params)
-                # Cut one token short, the answer is no finished call: OpenAI's "length".
+                # Cut one token short, the answer holds no whole call: OpenAI's "length".
                 short = len(alone.token_ids) - 1
                 cut = spec.generate(prompt, max_tokens=short, draft_mode="none", **options)
                 assert cut.finish_reason == "length" and cut.constraint_complete is False

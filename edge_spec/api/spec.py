@@ -332,8 +332,10 @@ class EdgeSpec:
             content, calls = text.text, []
             if cfg.tool_mode != "none":
                 content, calls = self.call_format.parse(text.text, cfg.tools)
-                if calls and finish not in ("length", "context"):  # not when cut short
-                    finish = "tool_calls"
+                # Only whole calls parse: an answer cut inside its first call finishes
+                # "length"; one cut inside a later call returns its whole calls (agent loops
+                # go on with them, where "length" would stop them).
+                finish = "tool_calls" if calls else finish
             elapsed_s = time.perf_counter() - t_start
             constraint_s = constraint.mask_s if constraint is not None else 0.0
             result = GenerationResult(
