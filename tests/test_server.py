@@ -102,14 +102,13 @@ def test_several_prompts_and_n_answers_each_become_choices_in_openais_order() ->
     assert [c.sampling.seed for _, c in choices] == [5, 6, 7] * 2  # each answer reproducible
     unseeded = parse_completion({**body, "seed": None}, LIMITS).choices()
     assert {c.sampling.seed for _, c in unseeded} == {None}  # fresh entropy for each
-    # The echoed text of token ids, or an echo with logprobs, needs the prompt's logprobs.
+    # Only an echo with logprobs scores the prompt (the echoed text of token ids is their
+    # text, detokenized).
     assert req.config.prompt_logprobs is None
-    for echo in ({"echo": True}, {"echo": True, "logprobs": 2, "prompt": "a"}):
-        assert parse_completion({**body, **echo}, LIMITS).config.prompt_logprobs is not None
-    assert (
-        parse_completion({**body, "echo": True, "prompt": "a"}, LIMITS).config.prompt_logprobs
-        is None
-    )
+    for echo in ({"echo": True, "logprobs": 2}, {"echo": True, "logprobs": 2, "prompt": "a"}):
+        assert parse_completion({**body, **echo}, LIMITS).config.prompt_logprobs == 2
+    for echo in ({"echo": True}, {"echo": True, "prompt": "a"}):
+        assert parse_completion({**body, **echo}, LIMITS).config.prompt_logprobs is None
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}
     assert [p for p, _ in parse_chat(chat, LIMITS).choices()] == [None, None]
 
@@ -1453,6 +1452,11 @@ def test_n_answers_several_prompts_and_echo_through_the_openai_client(server: Li
     for lps, tops in zip(first.token_logprobs[1:], first.top_logprobs[1:]):
         assert len(tops) == 1 and max(tops.values()) >= lps  # lm-eval's is_greedy reads these
     assert batch.choices[0].text == "".join(first.tokens)
+    unscored = client.completions.create(
+        model=MODEL_ALIAS, prompt=ids, echo=True, max_tokens=0, temperature=0
+    )
+    assert [c.text for c in unscored.choices] == [c.text for c in batch.choices]
+    assert all(c.logprobs is None for c in unscored.choices)
 
 
 @models

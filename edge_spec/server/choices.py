@@ -34,26 +34,25 @@ def _chat(messages: tuple[dict[str, Any], ...], cfg: GenerationConfig) -> StartF
 def _completion(prompt: Prompt, cfg: GenerationConfig, echo: bool) -> StartFn:
     def start(spec: EdgeSpec) -> Iterator[TextDelta]:
         deltas = spec.stream(prompt, cfg)
-        return _echoed(deltas, prompt, cfg.logprobs is not None) if echo else deltas
+        if not echo:
+            return deltas
+        text = prompt if isinstance(prompt, str) else spec.target.detokenize(prompt)
+        return _echoed(deltas, text, cfg.logprobs is not None)
 
     return start
 
 
-def _echoed(deltas: Iterator[TextDelta], prompt: Prompt, logprobs: bool) -> Iterator[TextDelta]:
-    """The answer with its prompt in front (OpenAI's echo): the first delta's text starts with
-    the prompt's (a string as it was given; token ids as their tokens' text), and with logprobs
+def _echoed(deltas: Iterator[TextDelta], text: str, logprobs: bool) -> Iterator[TextDelta]:
+    """The answer with its prompt's text in front (OpenAI's echo: a string as it was given,
+    token ids as their tokens' text): the first delta's text starts with it, and with logprobs
     the prompt's tokens' come first (the first token's null). The result's text and logprobs
     likewise; its token counts stay the answer's."""
     head: tuple[TokenLogprob, ...] = ()
-    text = prompt if isinstance(prompt, str) else ""
     first = True
     try:
         for delta in deltas:
             if first:
-                scored = delta.prompt_logprobs or ()
-                if not isinstance(prompt, str):
-                    text = b"".join(t.token_bytes for t in scored).decode("utf-8", "replace")
-                head = scored if logprobs else ()
+                head = (delta.prompt_logprobs or ()) if logprobs else ()
                 delta = replace(delta, text=text + delta.text, logprobs=head + delta.logprobs)
                 first = False
             result = delta.result

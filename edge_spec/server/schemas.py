@@ -151,10 +151,8 @@ def parse_completion(body: object, limits: RequestLimits) -> ParsedRequest:
         )
     echo = _bool(fields, "echo", False)
     req = _parsed(fields, limits, max_tokens, prompts=prompts, logprobs=logprobs)
-    if echo and (logprobs is not None or any(not isinstance(p, str) for p in prompts)):
-        # The echoed tokens' text (and logprobs) come from scoring the prompt.
-        config = replace(req.config, prompt_logprobs=logprobs or 0)
-        req = replace(req, config=config)
+    if echo and logprobs is not None:  # the echoed tokens' logprobs: the prompt is scored
+        req = replace(req, config=replace(req.config, prompt_logprobs=logprobs))
     return replace(req, echo=echo)
 
 
