@@ -6,21 +6,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edge_spec.api import assembly
+from edge_spec.api import assembly, driver
 from edge_spec.api.config import (
     EngineConfig,
-    FinishReason,
     GenerationConfig,
     GenerationResult,
     TextDelta,
-    TokenLogprob,
 )
 from edge_spec.backend import LlamaModel
 from edge_spec.backend.grammar_vocab import grammar_tokenizer
@@ -28,10 +25,6 @@ from edge_spec.constrain.grammars import compile_grammar, tool_grammar
 from edge_spec.constrain.matcher import GrammarConstraint
 from edge_spec.constrain.spec import Tool, ToolChoice
 from edge_spec.constrain.tools import CallFormat, call_format, renders_tools
-from edge_spec.decode.engine import Prefill, Step, run_steps
-from edge_spec.decode.logprobs import RowLogprobs
-from edge_spec.decode.stats import StatsCollector
-from edge_spec.decode.text import Span, TextAssembler
 from edge_spec.device.learned import LearnedKey, LearnedStore
 from edge_spec.device.profile import DeviceProfile, cached_profile, load_or_profile
 from edge_spec.drafts import DraftSource, ModelDraft, NgramDraft
@@ -256,7 +249,7 @@ class EdgeSpec:
             grammar = compile_grammar(cfg.constraint, tokenizer)
         return GrammarConstraint(grammar, tokenizer) if grammar is not None else None
 
-    # ---- the generation driver -------------------------------------------------------------
+    # ---- the generation driver (driver.py) ---------------------------------------------------
 
     def _stream(
         self,
@@ -268,109 +261,28 @@ class EdgeSpec:
         with self._lock:
             sources, policy = self._plan_for(mode, cfg)  # may profile the device: not timed
             self._ngram.select(cfg.session)
-            t_start = time.perf_counter()
-            stats = StatsCollector({slot: source.name for slot, source in sources.items()})
-            text = TextAssembler(cfg.stop)
-            token_ids: list[int] = []
-            new_ids: list[int] = []
-            scored: list[TokenLogprob] = []  # with cfg.logprobs: one per token of token_ids
-            prompt_scored: tuple[TokenLogprob, ...] | None = None  # cfg.prompt_logprobs
-            unsent = None  # the prompt's logprobs until the first delta carries them
-            end_scored: TokenLogprob | None = None  # the end-of-generation token's
-            finish: FinishReason | None = None
-            steps = run_steps(
+            run = driver.Generation(
                 self.target,
                 sources,
                 policy,
-                prompt_ids,
-                k_max=max((cfg.k or 0) + (cfg.tree_nodes or 0), cfg.k_max),
-                max_tokens=cfg.max_tokens,
-                sampling=cfg.sampling,
-                constraint=constraint,
-                logprobs=cfg.logprobs,
-                scored_prompt=cfg.prompt_logprobs,
+                cfg,
+                mode,
+                self.call_format,
+                constraint,
+                target_name=str(self.target_path),
+                draft_name=_draft_name(sources.get("model"), self.draft_path, self.head_dir),
             )
+            deltas = driver.deltas(run, prompt_ids)
             try:
-                for event in steps:
-                    if isinstance(event, Prefill):
-                        stats.prefill(event)
-                        if cfg.prompt_logprobs is not None:
-                            first = TokenLogprob(
-                                prompt_ids[0], self.target.token_bytes(prompt_ids[0]), None
-                            )
-                            prompt_scored = (first, *self._scored(event.logprobs))
-                            unsent = prompt_scored
-                        continue
-                    stats.step(event)
-                    new_ids, finish = self._take(event, len(token_ids), text, cfg.max_tokens)
-                    token_ids.extend(new_ids)
-                    scored.extend(self._scored(event.logprobs[: len(new_ids)]))
-                    if finish == "eos" and len(event.logprobs) > len(new_ids):
-                        end_scored = self._scored(event.logprobs[len(new_ids) :][:1])[0]
-                    if finish is not None:
-                        break
-                    spans = text.take_ready_spans()
-                    new_scored = tuple(scored[len(token_ids) - len(new_ids) :])
-                    yield TextDelta(
-                        _join(spans),
-                        tuple(new_ids),
-                        None,
-                        None,
-                        tuple(spans),
-                        new_scored,
-                        unsent,
-                    )
-                    new_ids, unsent = [], None
+                for delta in deltas:
+                    if delta.result is not None:
+                        self._learned.request_done()
+                    yield delta
             except Exception:
                 self._recover()
                 raise
             finally:
-                steps.close()
-            if finish is None:  # the loop ran out: max_tokens reached or the context is full
-                finish = "length" if len(token_ids) >= cfg.max_tokens else "context"
-            tail = text.finish_spans()
-            content, calls = text.text, []
-            if cfg.tool_mode != "none":
-                content, calls = self.call_format.parse(text.text, cfg.tools)
-                # Only whole calls parse: an answer cut inside its first call finishes
-                # "length"; one cut inside a later call returns its whole calls (agent loops
-                # go on with them, where "length" would stop them).
-                finish = "tool_calls" if calls else finish
-            elapsed_s = time.perf_counter() - t_start
-            constraint_s = constraint.mask_s if constraint is not None else 0.0
-            result = GenerationResult(
-                text=text.text,
-                finish_reason=finish,
-                token_ids=tuple(token_ids),
-                prompt_token_ids=tuple(prompt_ids),
-                target=str(self.target_path),
-                draft=_draft_name(sources.get("model"), self.draft_path, self.head_dir),
-                draft_mode=mode,
-                policy=policy.name,
-                k=cfg.k,
-                stats=stats.result(len(prompt_ids), len(token_ids), elapsed_s, constraint_s),
-                draft_vocab=(
-                    getattr(sources["model"], "vocabulary", None) if "model" in sources else None
-                ),
-                tool_calls=tuple(calls),
-                content=content,
-                constraint_complete=constraint.complete if constraint is not None else None,
-                logprobs=tuple(scored) if cfg.logprobs is not None else None,
-                stop_string=text.matched if finish == "stop" else None,
-                prompt_logprobs=prompt_scored,
-                end_logprob=end_scored,
-            )
-            self._learned.request_done()
-            last = tuple(scored[len(token_ids) - len(new_ids) :])
-            yield TextDelta(_join(tail), tuple(new_ids), finish, result, tuple(tail), last, unsent)
-
-    def _scored(self, rows: Sequence[RowLogprobs]) -> list[TokenLogprob]:
-        """The engine's logprobs with each token's bytes."""
-
-        def scored(token: int, logprob: float, top: tuple = ()) -> TokenLogprob:
-            return TokenLogprob(token, self.target.token_bytes(token), logprob, top)
-
-        return [scored(r.token, r.logprob, tuple(scored(t, lp) for t, lp in r.top)) for r in rows]
+                deltas.close()
 
     def _recover(self) -> None:
         """After a request failed mid-step (a decode, a tree, a draw, the text): the models'
@@ -477,21 +389,6 @@ class EdgeSpec:
             self._costs = profile.cost_curve()
         return self._costs
 
-    def _take(
-        self, step: Step, n_before: int, text: TextAssembler, max_tokens: int
-    ) -> tuple[list[int], FinishReason | None]:
-        """The step's tokens up to the first end condition, and that condition if one was met."""
-        taken: list[int] = []
-        for i, token in enumerate(step.tokens):
-            if self.target.is_eog(token):
-                return taken, "eos"
-            taken.append(token)
-            if text.feed(self.target.token_bytes(token), from_draft=i < step.n_accepted):
-                return taken, "stop"
-            if n_before + len(taken) >= max_tokens:
-                return taken, "length"
-        return taken, None
-
 
 def _draft_name(source: DraftSource | None, draft: Path | None, head: Path | None) -> str | None:
     """What drafted in the learned-draft slot: the draft model's path or the head's directory."""
@@ -507,10 +404,6 @@ def _token_ids(prompt: object) -> bool:
         and bool(prompt)
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     )
-
-
-def _join(spans: Sequence[Span]) -> str:
-    return "".join(text for text, _ in spans)
 
 
 def _config(config: GenerationConfig | None, options: Mapping[str, Any]) -> GenerationConfig:
