@@ -34,6 +34,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from results import made_up_result
 
+from edge_spec import __version__
 from edge_spec.api import GenerationConfig, GenerationResult, TextDelta
 from edge_spec.errors import ModelFileError
 from edge_spec.server import responses as out
@@ -1635,6 +1636,118 @@ def test_the_messages_api_through_anthropics_client(server: LiveServer) -> None:
         anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(
             messages=turn, **options
         )
+
+
+@models
+def test_ollamas_api_through_ollamas_client(server: LiveServer) -> None:
+    """Ollama's own client: /api/chat is the chat completion of the same conversation (greedy),
+    streamed as lines adding up to it; /api/generate is the same turn, or with raw the plain
+    completion; `format` with a schema as pydantic writes one (no additionalProperties) holds
+    the answer to the declared fields; a tool result named by tool_name gets an answer; the
+    listings name the served model and context; errors come in Ollama's shape."""
+    import ollama
+
+    client = ollama.Client(host=server.url, headers=server.headers(), timeout=300)
+    ask = [{"role": "user", "content": "Say 'The quick brown fox jumps over the lazy dog.'"}]
+    greedy = {"temperature": 0, "num_predict": 24}
+    done = client.chat(model=MODEL_ALIAS, messages=ask, options=greedy, stream=False)
+    chat = server.client().chat.completions.create(
+        model=MODEL_ALIAS, messages=ask, max_tokens=24, temperature=0
+    )
+    assert done.message.content == chat.choices[0].message.content
+    assert done.prompt_eval_count == chat.usage.prompt_tokens
+    assert done.eval_count == chat.usage.completion_tokens
+    assert done.done_reason == {"length": "length"}.get(chat.choices[0].finish_reason, "stop")
+    lines = list(client.chat(model=MODEL_ALIAS, messages=ask, options=greedy, stream=True))
+    assert "".join(line.message.content or "" for line in lines) == done.message.content
+    assert [line.done for line in lines] == [False] * (len(lines) - 1) + [True]
+    assert lines[-1].eval_count == done.eval_count and (lines[-1].eval_duration or 0) > 0
+    tagged = MODEL_ALIAS + ":latest"  # Ollama's names carry a tag
+    turn = client.generate(model=tagged, prompt=ask[0]["content"], options=greedy, stream=False)
+    assert turn.response == done.message.content and turn.model == tagged
+    start = "The capital of France is"
+    raw = client.generate(model=MODEL_ALIAS, prompt=start, raw=True, options=greedy)
+    plain = server.client().completions.create(
+        model=MODEL_ALIAS, prompt=start, max_tokens=24, temperature=0
+    )
+    assert raw.response == plain.choices[0].text
+
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    told = [{"role": "user", "content": "Alice Martin is 34. Reply in JSON."}]
+    answer = client.chat(
+        model=MODEL_ALIAS, messages=told, format=person, options={"temperature": 0}
+    )
+    assert answer.done_reason == "stop"  # it ends at the object's close, not at max_tokens
+    assert set(json.loads(answer.message.content or "")) == {"name", "age"}
+    called = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    history = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [called]},
+        {"role": "tool", "content": '{"temp_c": 21, "sky": "sunny"}', "tool_name": "get_weather"},
+    ]
+    reply = client.chat(model=MODEL_ALIAS, messages=history, tools=[WEATHER_TOOL], options=greedy)
+    assert reply.done and (reply.message.content or reply.message.tool_calls)
+
+    [listed] = client.list().models
+    assert listed.model == MODEL_ALIAS and listed.details and listed.details.format == "gguf"
+    shown = client.show(tagged)
+    assert shown.parameters == "num_ctx 1024" and "tools" in (shown.capabilities or [])
+    assert client.ps().models[0].context_length == 1024
+    version = httpx.get(server.url + "/api/version", headers=server.headers(), timeout=30)
+    assert version.json() == {"version": __version__}
+    assert client.chat(model=MODEL_ALIAS, messages=[]).done_reason == "load"
+
+    for bad, status in (
+        ({"model": "llama3.2"}, 404),
+        ({"options": {"mirostat": 2}}, 400),
+        ({"think": True}, 400),
+        ({"format": {"type": "nonsense"}}, 400),
+    ):
+        request = {"model": MODEL_ALIAS, "messages": ask, **bad}
+        with pytest.raises(ollama.ResponseError) as err:
+            client.chat(**request)
+        assert err.value.status_code == status and err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.pull("llama3.2")
+    assert err.value.status_code == 404 and "not served here" in err.value.error
+    stranger = ollama.Client(host=server.url, headers={"Authorization": "Bearer wrong"})
+    with pytest.raises(ollama.ResponseError) as err:
+        stranger.chat(model=MODEL_ALIAS, messages=ask)
+    assert err.value.status_code == 401
+
+
+@models
+def test_an_ollama_stream_left_early_cancels_the_generation(server: LiveServer) -> None:
+    before = server.metrics()
+    body = {
+        "model": MODEL_ALIAS,
+        "prompt": "Count: 1, 2, 3, 4, 5,",  # greedy: counts on for all 600 tokens
+        "raw": True,
+        "options": {"temperature": 0, "num_predict": 600},
+    }
+    with httpx.Client(timeout=120) as http:
+        url = server.url + "/api/generate"
+        with http.stream("POST", url, json=body, headers=server.headers()) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("application/x-ndjson")
+            for n_lines, line in enumerate(response.iter_lines(), 1):
+                assert not json.loads(line)["done"]
+                if n_lines == 2:
+                    break  # leaving the block closes the connection in mid-stream
+    deadline = time.monotonic() + 120
+    cancelled = "edge_spec_requests_cancelled_total"
+    while server.metrics()[cancelled] == before[cancelled]:
+        assert time.monotonic() < deadline, "the generation was never cancelled"
+        time.sleep(0.05)
+    after = server.metrics()
+    generated = (
+        after["edge_spec_completion_tokens_total"] - before["edge_spec_completion_tokens_total"]
+    )
+    assert 0 < generated < 600
 
 
 @models

@@ -114,6 +114,7 @@ class LlamaModel:
             mparams.devices = ctypes.cast(device_array, ctypes.c_void_p)
             if devices:
                 mparams.n_gpu_layers = n_gpu_layers  # RPC servers take layers on a CPU build
+        self.n_gpu_layers = mparams.n_gpu_layers  # offloaded layers (-1: all; 0 on CPU builds)
         _recent_errors.clear()
         model = self._call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), mparams)
         del device_array  # llama.cpp copied the list

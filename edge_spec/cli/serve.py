@@ -1,12 +1,13 @@
 """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/responses,
-/v1/models, /metrics, and Anthropic's /v1/messages) on one pair, speculating on every
-request. Needs the server extra (pip install 'edge-spec[server]'); nothing of it is imported
-until the command runs.
+/v1/models, /metrics, Anthropic's /v1/messages and Ollama's /api/chat and /api/generate) on
+one pair, speculating on every request. Needs the server extra (pip install
+'edge-spec[server]'); nothing of it is imported until the command runs.
 
     edge-spec serve                                     # the chat pair on 127.0.0.1:8080
     edge-spec serve -m smollm2-135m-f16 --port 9000 --api-key secret
     # then: OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="-"): client.chat.completions,
-    # client.completions or client.responses, streamed or not
+    # client.completions or client.responses, streamed or not;
+    # or ollama.Client(host="http://127.0.0.1:8080"): client.chat, client.generate
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ class Constraint:
                 f"a JSON schema must be an object, got {type(schema).__name__}"
             )
         # Key order kept: a schema's properties are written in the order it lists them.
-        return cls("json_schema", _bounded(json.dumps(schema), "JSON schema"), name, strict)
+        text = _bounded(json.dumps(closed(schema)), "JSON schema")
+        return cls("json_schema", text, name, strict)
 
     @classmethod
     def grammar(cls, text: Any, kind: str = "lark") -> Constraint:
@@ -100,6 +101,48 @@ class Constraint:
         raise InvalidRequestError(
             f"'response_format.type' must be text, json_object or json_schema, got {kind!r}"
         )
+
+
+# An object with any of these is left open: it says what else it takes, or it combines with
+# schemas whose fields additionalProperties (which sees only its siblings) would refuse.
+_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+_OPEN_KEYWORDS += ("allOf", "anyOf", "oneOf", "$ref", "dependentSchemas")
+_SUBSCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else")
+_SUBSCHEMA += ("propertyNames", "unevaluatedItems")
+_SUBSCHEMAS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema: Any, close: bool = True) -> Any:
+    """The schema with every object that lists its `properties` and says nothing of others
+    closed to them (`additionalProperties: false`), as llama.cpp's schema converter reads a
+    schema (and so llama-server, Ollama and llama-cpp-python) and OpenAI's strict mode asks:
+    the answer holds the declared fields, where a small model would otherwise go on inventing
+    more until max_tokens. `additionalProperties: true` (or a schema) keeps an object open.
+    An object combined with other schemas (allOf, anyOf, oneOf, $ref beside its properties)
+    stays open, and so do the members of an allOf: closing either would refuse the fields the
+    others declare."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if close and "properties" in out and not any(k in out for k in _OPEN_KEYWORDS):
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), list):  # items as an array (the older prefixItems)
+            out[key] = [closed(s) for s in out[key]]
+        elif key in out:
+            out[key] = closed(out[key])
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = closed(out["additionalProperties"])
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed(s, close=False) for s in out["allOf"]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    return out
 
 
 @dataclass(frozen=True)
@@ -174,7 +217,7 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
             raise InvalidRequestError(f"'{where}.strict' must be a boolean")
         # Arguments hold the declared parameters only (OpenAI's strict mode asks for this
         # anyway; a small model otherwise invents more), unless the schema says otherwise.
-        parameters = {"additionalProperties": False, **parameters}
+        parameters = closed({"additionalProperties": False, **parameters})
         text = _bounded(json.dumps(parameters), f"{where}.parameters")
         tools.append(Tool(name, description, text, strict is True))
     return tuple(tools)

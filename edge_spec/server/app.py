@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses,
-Anthropic's /v1/messages (JSON or SSE) and its count_tokens, llama-server's /tokenize,
-/detokenize and /apply-template, plus /health and /metrics. One worker thread owns the
+Anthropic's /v1/messages (JSON or SSE) and its count_tokens, Ollama's /api routes (JSON or
+newline-delimited), llama-server's /tokenize, /detokenize and /apply-template, plus /health
+and /metrics. One worker thread owns the
 models (see worker.py); handlers only parse, queue, wait and format."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from sse_starlette import EventSourceResponse
 
 from edge_spec.api import EdgeSpec
@@ -32,6 +33,7 @@ from edge_spec.server.metrics import (
     RequestMetricsMiddleware,
     ServerMetrics,
 )
+from edge_spec.server.ollama_api import add_ollama_routes
 from edge_spec.server.responses_api import ResponseShape, ResponseStore, parse_responses
 from edge_spec.server.schemas import (
     APIError,
@@ -149,6 +151,11 @@ def create_app(
                 body["error"] = str(worker.load_error)
         return JSONResponse(body, status_code=200 if state == "ready" else 503)
 
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> PlainTextResponse:
+        """What Ollama's clients probe before their first request."""
+        return PlainTextResponse("edge-spec is running")
+
     secured = APIRouter(dependencies=[Depends(require_key)])
 
     @secured.get("/metrics")
@@ -232,6 +239,17 @@ def create_app(
         body = await read_json(request, config.max_request_bytes)
         return await at_once(tokens_api.apply_template(body, config.limits, config.model_ids[0]))
 
+    async def serve_ollama(request: Request, req: ParsedRequest, shape: Any) -> Response:
+        return await _serve(request, worker, config, req, shape)
+
+    add_ollama_routes(
+        secured,
+        model_ids=config.model_ids,
+        limits=config.limits,
+        max_request_bytes=config.max_request_bytes,
+        worker=worker,
+        serve=serve_ollama,
+    )
     app.include_router(secured)
     return app
 
@@ -275,6 +293,8 @@ async def _serve(
         if req.stream and event[0] == "delta":
             watcher.cancel()  # from here on the SSE response watches the connection
             sse = _sse(job, event, shape.events(), shape.param, len(starts))
+            if getattr(shape, "ndjson", False):  # Ollama's: one JSON object per line
+                return StreamingResponse(sse, media_type="application/x-ndjson")
             return EventSourceResponse(sse, sep="\n", ping=15)
         results = []
         while event[0] == "delta":

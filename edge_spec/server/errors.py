@@ -1,7 +1,7 @@
 """Requests in and errors out: a request body read within its size bound as JSON, and every
-error answered as a JSON body with its HTTP status, in OpenAI's shape or, on Anthropic's
-route, Anthropic's. Nothing escapes as a bare 500: an unexpected exception is logged and
-answered as OpenAI's server_error."""
+error answered as a JSON body with its HTTP status, in OpenAI's shape (Anthropic's and
+Ollama's on their routes). Nothing escapes as a bare 500: an unexpected exception is logged
+and answered as a server error."""
 
 from __future__ import annotations
 
@@ -75,10 +75,12 @@ def api_error(exc: BaseException, param: str | None = None) -> APIError:
 
 def install_error_handlers(app: FastAPI) -> None:
     def as_json(request: Request, error: APIError) -> JSONResponse:
-        """OpenAI's error shape, or Anthropic's on its route."""
+        """OpenAI's error shape, or Anthropic's or Ollama's on their routes."""
         body = error.body()
         if request.url.path.startswith("/v1/messages"):
             body = error_body(error.status, error.message)
+        elif request.url.path.startswith("/api/"):
+            body = {"error": error.message}
         return JSONResponse(body, status_code=error.status, headers=error.headers)
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:

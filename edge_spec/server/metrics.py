@@ -25,7 +25,7 @@ DURATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models")
-ENDPOINTS += ("/v1/messages", "/metrics", "/health")
+ENDPOINTS += ("/v1/messages", "/api/chat", "/api/generate", "/metrics", "/health")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection before the answer"
 
 # The *_created series double every counter's lines and say nothing a scraper needs here.
