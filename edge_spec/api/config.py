@@ -354,6 +354,7 @@ class GenerationResult:
                 if self.prompt_logprobs is not None
                 else {}
             ),
+            **({"end_logprob": self.end_logprob.to_dict()} if self.end_logprob else {}),
         }
 
 
