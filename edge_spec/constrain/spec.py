@@ -215,9 +215,7 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
         strict = item.get("strict")
         if not isinstance(strict, bool | None):
             raise InvalidRequestError(f"'{where}.strict' must be a boolean")
-        # Arguments hold the declared parameters only (OpenAI's strict mode asks for this
-        # anyway; a small model otherwise invents more), unless the schema says otherwise.
-        parameters = closed({"additionalProperties": False, **parameters})
+        # As given: the prompt lists them so; the grammar closes them (tools.arguments_schema).
         text = _bounded(json.dumps(parameters), f"{where}.parameters")
         tools.append(Tool(name, description, text, strict is True))
     return tuple(tools)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_spec.constrain.grammars import JSON_OPTIONS
-from edge_spec.constrain.spec import Tool, ToolMode
+from edge_spec.constrain.spec import Tool, ToolMode, closed
 from edge_spec.errors import InvalidRequestError
 
 
@@ -65,7 +65,7 @@ class CallFormat:
                 StructTag(
                     trigger=self.begin,
                     begin=self._call_head(tool),
-                    grammar=_schema_with_format(tool),
+                    grammar=arguments_schema(tool),
                     end="}" + self.end,
                 )
                 for tool in tools
@@ -78,7 +78,7 @@ class CallFormat:
         ]
         lines.append(f"call: {calls}")
         for i, tool in enumerate(tools):
-            schema = json.dumps(_schema_with_format(tool))
+            schema = json.dumps(arguments_schema(tool))
             head, tail = json.dumps(self._call_head(tool)), json.dumps("}" + self.end)
             lines.append(f"call_{i}: {head} %json {schema} {tail}")
         return "\n".join(lines) + "\n"
@@ -183,8 +183,12 @@ def renders_tools(template_text: str, call: CallFormat) -> bool:
     return "tools" in template_text and call.begin.strip() in template_text
 
 
-def _schema_with_format(tool: Tool) -> dict[str, Any]:
-    schema = json.loads(tool.parameters)
+def arguments_schema(tool: Tool) -> dict[str, Any]:
+    """The schema a call's arguments are held to: the tool's parameters with only the declared
+    fields (additionalProperties false unless they say otherwise, nested objects too: OpenAI's
+    strict mode asks for this, and a small model otherwise invents more), written the one way
+    JSON_OPTIONS says. The prompt lists the parameters as the request gave them."""
+    schema = closed({"additionalProperties": False, **json.loads(tool.parameters)})
     schema["x-guidance"] = {**JSON_OPTIONS, "lenient": not tool.strict}
     return schema
 
