@@ -23,8 +23,8 @@ from edge_spec.drafts import (
 from edge_spec.drafts.head import HeadDraft
 from edge_spec.drafts.vocab import check_compatible, relation_from_files
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, VocabMismatchError
+from edge_spec.models.draft_choice import DraftChoice
 from edge_spec.models.heads import find_head
-from edge_spec.models.stores import DraftChoice
 from edge_spec.models.templates import ChatTemplate, choose_template
 from edge_spec.modes import AUTO_DRAFT, DRAFT_MODES, HEAD, SELF, DraftMode
 
@@ -76,7 +76,7 @@ def choose_models(
     draft_is_self = mode == "self" or (draft is not None and str(draft) == SELF)
     draft_choice = None
     if draft is not None and str(draft) == AUTO_DRAFT and not draft_is_self:
-        from edge_spec.models.stores import choose_draft
+        from edge_spec.models.draft_choice import choose_draft
 
         draft_choice = choose_draft(target_path)
         log.info("draft for %s: %s", target_path.name, draft_choice.reason)

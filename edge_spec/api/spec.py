@@ -47,7 +47,7 @@ class EdgeSpec:
     serializes them). Each is a manifest name, a path, or a name in a local store
     (`ollama:NAME[:TAG]`, `lmstudio:PUBLISHER/REPO[/FILE]`, `hf:ORG/REPO[/FILE]`); the draft
     may also be "self" (derived from the target) or "auto" (the best local draft for the
-    target, edge_spec.models.stores.choose_draft: see draft_choice)."""
+    target, edge_spec.models.draft_choice.choose_draft: see draft_choice)."""
 
     def __init__(
         self,

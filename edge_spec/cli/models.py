@@ -72,25 +72,25 @@ def _scan(args: argparse.Namespace) -> int:
     import json
 
     from edge_spec.errors import ModelFileError
-    from edge_spec.models import stores
+    from edge_spec.models import draft_choice, stores
     from edge_spec.models.cache import resolve
 
     if args.drafts_for:
         target = resolve(args.drafts_for)
-        ranked = stores.rank_drafts(target)
+        ranked = draft_choice.rank_drafts(target)
         rows = [dict(c.to_dict(), measured_c=_measured_c(target, c.found.path)) for c in ranked]
         if args.json:
             print(json.dumps({"target": str(target), "drafts": rows}, indent=1))
             return 0
         if not rows:
-            print(stores.choose_draft(target).reason)
+            print(draft_choice.choose_draft(target).reason)
             return 0
         for i, row in enumerate(rows, 1):
             cost = f", measured c {row['measured_c']:.2f}" if row["measured_c"] else ""
             print(f"{i}. {row['name']}  ({row['reason']}{cost})")
         return 0
     rows = []
-    for found in stores.local_models():
+    for found in draft_choice.local_models():
         row: dict = {"name": found.name, "store": found.store, "path": str(found.path)}
         try:
             row.update(stores.model_facts(found.path).to_dict())

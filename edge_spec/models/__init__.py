@@ -1,7 +1,8 @@
 """Models: the manifest and edge_spec's own cache (`prepare`, `resolve`), GGUF files checked in a
 child process before a first load (isolation), placement of a pair in memory, derived layer
 subsets, the draft heads' store, chat templates, and the models already in Ollama, LM Studio
-and Hugging Face stores (stores: scanned, resolved by name, a draft chosen for a target).
+and Hugging Face stores (stores: scanned, resolved by name), the draft chosen for a target from
+them (draft_choice).
 
     from edge_spec.models import resolve
     path = resolve("smollm2-135m-f16")   # prepared on first use

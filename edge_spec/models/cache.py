@@ -29,7 +29,7 @@ from tqdm import tqdm
 from edge_spec.errors import EdgeSpecError, InvalidRequestError, ModelFileError
 from edge_spec.files import TMP_SUFFIX, HashCache, atomic_output, hash_file
 from edge_spec.files import locked as _locked
-from edge_spec.models import stores
+from edge_spec.models import draft_choice, stores
 from edge_spec.models.manifest import (
     ModelEntry,
     choose_pair,
@@ -317,10 +317,10 @@ def pick_pair(
     *,
     chat: bool = False,
     draft_mode: str = "auto",
-) -> tuple[str, str | None, stores.DraftChoice | None]:
+) -> tuple[str, str | None, draft_choice.DraftChoice | None]:
     """The models a command loads, as manifest.choose_pair picks them (the manifest pair for a
     manifest name, or a path to its file), and for any other target given without a draft in
-    the auto or model mode, the best local draft (stores.choose_draft) with the reason:
+    the auto or model mode, the best local draft (draft_choice.choose_draft) with the reason:
     (target, draft, the choice or None where none was made)."""
     if target is None or draft is not None or draft_mode not in ("auto", "model"):
         target_name, draft_name = choose_pair(target, draft, chat=chat, draft_mode=draft_mode)
@@ -331,7 +331,7 @@ def pick_pair(
         target_name, draft_name = target, None
     if draft_name is not None or target in load_manifest().models:
         return target_name, draft_name, None
-    choice = stores.choose_draft(resolve(target))
+    choice = draft_choice.choose_draft(resolve(target))
     if choice.draft is None and draft_mode == "model":
         raise InvalidRequestError(f"no local model can draft for {target}: give --draft")
     return target, choice.draft, choice
