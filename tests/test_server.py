@@ -1140,6 +1140,14 @@ _FIELDS = (
     "system",
     "stop_sequences",
     "tool_choice",
+    "options",  # Ollama's
+    "format",
+    "raw",
+    "think",
+    "keep_alive",
+    "images",
+    "context",
+    "template",
 )
 
 
@@ -1149,6 +1157,7 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     huge and negative numbers, control characters, NUL, deep nesting), or raw bytes that are
     not valid UTF-8 or not JSON at all."""
     routes = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"]
+    routes += ["/api/chat", "/api/generate"]
     route = draw(st.sampled_from(routes))
     kind = draw(st.sampled_from(["fields", "fields", "fields", "raw", "deep"]))
     if kind == "raw":
@@ -1161,16 +1170,23 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
         body[name] = draw(_WEIRD)
     responses = route == "/v1/responses"
     if draw(st.booleans()):  # a well-formed core, so that the generation path is reached too
+        text = draw(_WEIRD_TEXT) or "Hi"
         if responses:
-            body.setdefault("input", draw(_WEIRD_TEXT) or "Hi")
+            body.setdefault("input", text)
+        elif route in ("/v1/completions", "/api/generate"):
+            body.setdefault("prompt", text)
         else:
-            body.setdefault("prompt", draw(_WEIRD_TEXT) or "Hi")
-            body.setdefault("messages", [{"role": "user", "content": draw(_WEIRD_TEXT) or "Hi"}])
+            body.setdefault("messages", [{"role": "user", "content": text}])
     # Valid requests must stay short: generation is real.
-    limit = "max_output_tokens" if responses else "max_tokens"
-    if isinstance(body.get(limit), int) and 0 < body[limit] <= 600:
-        body[limit] = min(body[limit], 3)
-    body.setdefault(limit, 2)
+    if route.startswith("/api/"):  # Ollama's: the limit is an option, and it streams by default
+        options = body.setdefault("options", {})
+        if isinstance(options, dict):
+            options["num_predict"] = 2
+    else:
+        limit = "max_output_tokens" if responses else "max_tokens"
+        if isinstance(body.get(limit), int) and 0 < body[limit] <= 600:
+            body[limit] = min(body[limit], 3)
+        body.setdefault(limit, 2)
     raw = json.dumps(body, allow_nan=True).encode()
     if draw(st.booleans()):  # invalid UTF-8 inside a string
         raw = raw.replace(b'"Hi"', b'"H\xff\xfei"', 1)
