@@ -974,10 +974,12 @@ def test_authentication_on(server: LiveServer) -> None:
                 api_key=key or "x", default_headers={} if key else {"Authorization": ""}
             ).models.list()
         assert _error(err.value)["code"] == "invalid_api_key"
-    for path in ("/metrics", "/v1/models"):
+    for path in ("/metrics", "/v1/models", "/api/tags", "/api/version", "/api/pull"):
         assert httpx.get(server.url + path).status_code == 401
-    assert httpx.post(server.url + "/v1/completions", json={}).status_code == 401
-    assert httpx.get(server.url + "/health").status_code == 200  # the one open route
+    for path in ("/v1/completions", "/api/chat", "/api/generate"):
+        assert httpx.post(server.url + path, json={}).status_code == 401
+    assert httpx.get(server.url + "/health").status_code == 200  # open: whether it runs
+    assert httpx.get(server.url + "/").text == "edge-spec is running"  # Ollama's clients' probe
     assert httpx.get(server.url + "/metrics", headers=server.headers()).status_code == 200
 
 

@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--api-key",
         action="append",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health; repeat it for "
+        help="require 'Authorization: Bearer KEY' on every route but /health and /; repeat it for "
         "several clients, whose conversations (prompt_cache_key) are then kept apart, each "
         "within its own session limits (default: $EDGE_SPEC_API_KEY, comma-separated; unset: "
         "no authentication)",
