@@ -20,6 +20,7 @@ from fake_model import (
 )
 
 from edge_spec.decode.engine import Prefill, Step, run_steps
+from edge_spec.decode.logprobs import PromptScores
 from edge_spec.drafts import LazyModelDraft, ModelDraft, NgramDraft, NoDraft
 from edge_spec.policy.simple import FixedK
 from edge_spec.sampling.transform import SamplingParams, argmax
@@ -670,6 +671,52 @@ def test_prompt_logprobs_are_the_targets_own_and_change_nothing_after(
         ]
     answer = [t for e in events if isinstance(e, Step) for t in e.tokens]
     assert answer == generate(NoDraft(), FakeLlama(model), prompt, 0, 12, SamplingParams())
+
+
+def test_a_prompt_sharing_the_last_scored_ones_start_decodes_only_what_follows() -> None:
+    """lm-evaluation-harness scores one question's context with each of its choices: the rows
+    of the shared context are kept from the last scored prompt (where the cache still holds
+    it), so only the new tail is decoded; every row is still the target's own, and another
+    number of alternatives, or a cache that lost the context, scores from the start."""
+    model = make_target()
+    context = [1, 2, 3, 1, 2, 4, 0, 1, 2, 3]
+    known = PromptScores()
+
+    def score(prompt: list[int], target: FakeLlama, top_n: int = 2) -> Prefill:
+        events = run_steps(
+            target,
+            {"none": NoDraft()},
+            FixedK(0),
+            prompt,
+            k_max=0,
+            max_tokens=1,
+            sampling=SamplingParams(),
+            scored_prompt=top_n,
+            known_scores=known,
+        )
+        prefill = next(events)
+        events.close()
+        assert isinstance(prefill, Prefill)
+        for i, row in enumerate(prefill.logprobs):
+            logits = model.logits(prompt[: i + 1]).astype(np.float64)
+            log_p = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            assert row.token == prompt[i + 1]
+            assert row.logprob == pytest.approx(log_p[prompt[i + 1]], abs=1e-5)
+            assert len(row.top) == top_n
+        return prefill
+
+    target = FakeLlama(model)
+    first = score([*context, 2, 4], target)
+    assert first.n_cached == 0 and target.n_decoded == len(context) + 1
+    before = target.n_decoded
+    second = score([*context, 3, 0, 1], target)
+    # The rows of the context but its last token (which now scores another choice) were
+    # known and their cache kept; decoded: that token and the new choice's but its last.
+    assert second.n_cached == len(context) - 1
+    assert target.n_decoded - before == 3
+    assert second.logprobs[: len(context) - 1] == first.logprobs[: len(context) - 1]
+    assert score([*context, 4, 4], target, top_n=3).n_cached == 0  # other alternatives
+    assert score([*context, 4, 1], FakeLlama(model), top_n=3).n_cached == 0  # a cold cache
 
 
 PENALTIES = dict(repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, repeat_last_n=8)

@@ -21,7 +21,7 @@ from edge_spec.backend import LlamaModel
 from edge_spec.constrain.matcher import GrammarConstraint
 from edge_spec.constrain.tools import CallFormat
 from edge_spec.decode.engine import Prefill, Step, run_steps
-from edge_spec.decode.logprobs import RowLogprobs
+from edge_spec.decode.logprobs import PromptScores, RowLogprobs
 from edge_spec.decode.stats import StatsCollector
 from edge_spec.decode.text import Span, TextAssembler
 from edge_spec.drafts import DraftSource
@@ -42,6 +42,7 @@ class Generation:
     constraint: GrammarConstraint | None = None
     target_name: str = ""
     draft_name: str | None = None  # what drafted in the learned-draft slot
+    known_scores: PromptScores | None = None  # the last scored prompt's rows (its prefix kept)
 
 
 def deltas(run: Generation, prompt_ids: list[int]) -> Iterator[TextDelta]:
@@ -68,6 +69,7 @@ def deltas(run: Generation, prompt_ids: list[int]) -> Iterator[TextDelta]:
         constraint=run.constraint,
         logprobs=cfg.logprobs,
         scored_prompt=cfg.prompt_logprobs,
+        known_scores=run.known_scores,
     )
     try:
         for event in steps:

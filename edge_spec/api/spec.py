@@ -25,6 +25,7 @@ from edge_spec.constrain.grammars import compile_grammar, tool_grammar
 from edge_spec.constrain.matcher import GrammarConstraint
 from edge_spec.constrain.spec import Tool, ToolChoice
 from edge_spec.constrain.tools import CallFormat, call_format, renders_tools
+from edge_spec.decode.logprobs import PromptScores
 from edge_spec.device.learned import LearnedKey, LearnedStore
 from edge_spec.device.profile import DeviceProfile, cached_profile, load_or_profile
 from edge_spec.drafts import DraftSource, ModelDraft, NgramDraft
@@ -88,6 +89,7 @@ class EdgeSpec:
             self.close()
             raise
         self._policies: dict[tuple[object, ...], KPolicy] = {}
+        self._scores = PromptScores()  # the last scored prompt: a next one sharing its start
         self._costs: CostCurve | None = None
         self._profile: DeviceProfile | None = None
         self._lock = threading.Lock()
@@ -271,6 +273,7 @@ class EdgeSpec:
                 constraint,
                 target_name=str(self.target_path),
                 draft_name=_draft_name(sources.get("model"), self.draft_path, self.head_dir),
+                known_scores=self._scores,
             )
             deltas = driver.deltas(run, prompt_ids)
             try:

@@ -16,7 +16,13 @@ import numpy as np
 
 from edge_spec.backend import LlamaModel
 from edge_spec.decode.constraint import StepConstraint
-from edge_spec.decode.logprobs import RowLogprobs, chosen_rows, prompt_logprobs, token_logprobs
+from edge_spec.decode.logprobs import (
+    PromptScores,
+    RowLogprobs,
+    chosen_rows,
+    prompt_logprobs,
+    token_logprobs,
+)
 from edge_spec.decode.verify import (
     Verdict,
     verify_constrained,
@@ -117,11 +123,13 @@ def run_steps(
     constraint: StepConstraint | None = None,
     logprobs: int | None = None,
     scored_prompt: int | None = None,
+    known_scores: PromptScores | None = None,
 ) -> Iterator[Prefill | Step]:
     """Yields one Prefill, then Steps until max_tokens tokens were produced or the context is
     full (the caller stops earlier at EOS or a stop string by closing the generator). With
     logprobs (the top alternatives wanted, 0 for none), each Step carries its tokens' logprobs;
-    with scored_prompt, the Prefill carries the prompt's (its whole prefill is then decoded).
+    with scored_prompt, the Prefill carries the prompt's (its whole prefill is then decoded,
+    but for the rows known_scores keeps from the last scored prompt).
 
     Requires a non-empty prompt that fits in the target's context, k_max >= 0, max_tokens >= 0,
     and "none" among the sources; the policy picks a source and k <= k_max for every step.
@@ -152,7 +160,7 @@ def run_steps(
     if scored_prompt is None:
         cached, scored = target.sync(context[:-1]), ()
     else:
-        cached, scored = 0, prompt_logprobs(target, context, scored_prompt)
+        scored, cached = prompt_logprobs(target, context, scored_prompt, known_scores)
     model = sources.get("model")
     lag = model.lag(context) if isinstance(model, ModelDraft) else 1
     aside = _Aside(sources)

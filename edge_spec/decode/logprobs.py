@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edge_spec.backend.model import common_prefix
+
 if TYPE_CHECKING:
     from edge_spec.backend import LlamaModel
 
@@ -81,21 +83,49 @@ def chosen_rows(n_tokens: int, path: Sequence[int]) -> list[int]:
     return [0, *(node + 1 for node in path)]
 
 
+class PromptScores:
+    """The last scored prompt and its rows. A next prompt that begins the same way (the
+    choices of one lm-evaluation-harness question, a conversation scored turn by turn) reuses
+    the rows of the shared beginning and decodes only what follows, where the target's cache
+    still holds that beginning. Rows are a function of the tokens alone, so a reused row is
+    the row the target would give again (up to llama.cpp's batching noise)."""
+
+    def __init__(self) -> None:
+        self.prompt: tuple[int, ...] = ()
+        self.rows: tuple[RowLogprobs, ...] = ()
+        self.top_n = -1
+
+    def reusable(self, prompt: Sequence[int], top_n: int) -> int:
+        """How many of prompt[1:]'s rows are known: row i reads prompt[: i + 1] and scores
+        prompt[i + 1], so it is known while prompt[: i + 2] is the last prompt's."""
+        if top_n != self.top_n:
+            return 0
+        return max(0, common_prefix(prompt, self.prompt) - 1)
+
+
 def prompt_logprobs(
-    target: LlamaModel, prompt: Sequence[int], top_n: int
-) -> tuple[RowLogprobs, ...]:
+    target: LlamaModel, prompt: Sequence[int], top_n: int, known: PromptScores | None = None
+) -> tuple[tuple[RowLogprobs, ...], int]:
     """The logprobs of prompt[1:], each read from the row of the token before it, and the
-    `top_n` most likely tokens of that row. The target's cache is emptied (the logits of a
-    cached prefix are gone) and prompt[:-1] decoded in pieces whose every row is output; it is
-    left holding prompt[:-1], as the decode loop wants it before its first step.
+    `top_n` most likely tokens of that row. The rows of a cached prefix are gone from the
+    target, so they come from `known` (the last scored prompt) where it shares them, and the
+    rest of prompt[:-1] is decoded in pieces whose every row is output; the target is left
+    holding prompt[:-1], as the decode loop wants it before its first step, and `known` holds
+    this prompt's rows. Returns the rows and how many of them were known (the prompt tokens
+    whose cache was kept).
 
     Requires a non-empty prompt of valid ids that fits in the context."""
-    target.truncate(0)
     body = list(prompt[:-1])
+    start = 0
+    if known is not None:
+        start = min(known.reusable(prompt, top_n), common_prefix(target.tokens, body))
+    target.truncate(start)
+    out: list[RowLogprobs] = list(known.rows[:start]) if known is not None else []
     piece = max(1, min(target.n_batch, SCORE_PIECE_BYTES // (4 * target.n_vocab)))
-    out: list[RowLogprobs] = []
-    for start in range(0, len(body), piece):
-        tokens = body[start : start + piece]
+    for first in range(start, len(body), piece):
+        tokens = body[first : first + piece]
         rows = target.decode(tokens, range(len(tokens)))
-        out.extend(token_logprobs(rows, prompt[start + 1 : start + 1 + len(tokens)], top_n))
-    return tuple(out)
+        out.extend(token_logprobs(rows, prompt[first + 1 : first + 1 + len(tokens)], top_n))
+    if known is not None:
+        known.prompt, known.rows, known.top_n = tuple(prompt), tuple(out), top_n
+    return tuple(out), start
