@@ -183,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        f"edge-spec: serving {config.model_ids[0]} on http://{args.host}:{args.port}/v1 "
+        f"edge-spec: serving {config.model_ids[0]} at http://{args.host}:{args.port}/v1 for "
+        f"OpenAI's clients, http://{args.host}:{args.port} for Ollama's "
         f"(draft {draft_name or '-'}, {args.draft_mode}); loading the models",
         file=sys.stderr,
         flush=True,
