@@ -17,6 +17,7 @@ from edge_spec.api import GenerationConfig, TokenLogprob
 from edge_spec.constrain.spec import Constraint, closed
 from edge_spec.constrain.tools import ToolCall
 from edge_spec.server.ollama_api import OllamaShape, parse_ollama_chat, parse_ollama_generate
+from edge_spec.server.ollama_api.routes import served_name
 from edge_spec.server.schemas import APIError, RequestLimits, parse_chat, parse_completion
 
 LIMITS = RequestLimits(GenerationConfig(k=3, k_max=6), max_tokens_limit=256)
@@ -281,3 +282,14 @@ def test_schemas_close_objects_to_undeclared_fields_as_llama_cpp_reads_them() ->
     assert closed(combined) == combined
     source = json.loads(Constraint.json_schema(person).source)
     assert source == shut and list(source) == [*person, "additionalProperties"]
+
+
+def test_ollamas_names_find_the_served_model() -> None:
+    """A tag (`:latest`) and a model served from Ollama's store, asked for by Ollama's name."""
+    ids = ("smollm2-chat", "ollama:llama3.2:3b", "ollama:qwen3")
+    assert served_name("smollm2-chat:latest", ids) == "smollm2-chat"
+    assert served_name("llama3.2:3b", ids) == "ollama:llama3.2:3b"
+    assert served_name("qwen3:latest", ids) == served_name("qwen3", ids) == "ollama:qwen3"
+    assert served_name("ollama:llama3.2:3b", ids) == "ollama:llama3.2:3b"
+    assert served_name("llama3.2", ids) == "llama3.2"  # another tag: not this model (a 404)
+    assert served_name("gemma3", ("ollama:gemma3:latest",)) == "ollama:gemma3:latest"

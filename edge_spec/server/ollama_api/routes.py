@@ -28,6 +28,20 @@ Serve = Callable[[Request, ParsedRequest, OllamaShape], Awaitable[Response]]
 FAR_FUTURE = "2318-01-01T00:00:00Z"  # /api/ps: the model stays loaded while the server runs
 
 
+def served_name(name: str, model_ids: tuple[str, ...]) -> str:
+    """The served model an Ollama client means: its names carry a tag (`NAME:latest` is NAME
+    here), and a model served from Ollama's store (`ollama:NAME[:TAG]`) is asked for by the
+    name Ollama gives it. Any other name is returned as it is (and answered 404)."""
+    if name in model_ids:
+        return name
+    bare = name.removesuffix(":latest")
+    tagged = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    for candidate in (bare, f"ollama:{name}", f"ollama:{bare}", f"ollama:{tagged}"):
+        if candidate in model_ids:
+            return candidate
+    return name
+
+
 def add_ollama_routes(
     router: APIRouter,
     *,
@@ -38,11 +52,8 @@ def add_ollama_routes(
     serve: Serve,
 ) -> None:
     def served(body: Any) -> Any:
-        """Ollama's names carry a tag: `NAME:latest` is NAME here."""
         if isinstance(body, dict) and isinstance(body.get("model"), str):
-            name = body["model"]
-            if name not in model_ids and name.endswith(":latest") and name[:-7] in model_ids:
-                return {**body, "model": name[:-7]}
+            return {**body, "model": served_name(body["model"], model_ids)}
         return body
 
     def check(name: str) -> None:
