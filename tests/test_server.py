@@ -1683,6 +1683,10 @@ def test_ollamas_api_through_ollamas_client(server: LiveServer) -> None:
     tagged = MODEL_ALIAS + ":latest"  # Ollama's names carry a tag
     turn = client.generate(model=tagged, prompt=ask[0]["content"], options=greedy, stream=False)
     assert turn.response == done.message.content and turn.model == tagged
+    again = server.client().chat.completions.create(
+        model=tagged, messages=ask, max_tokens=24, temperature=0
+    )  # Ollama's names on the OpenAI routes too
+    assert again.choices[0].message.content == done.message.content
     start = "The capital of France is"
     raw = client.generate(model=MODEL_ALIAS, prompt=start, raw=True, options=greedy)
     plain = server.client().completions.create(

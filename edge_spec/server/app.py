@@ -33,7 +33,7 @@ from edge_spec.server.metrics import (
     RequestMetricsMiddleware,
     ServerMetrics,
 )
-from edge_spec.server.ollama_api import add_ollama_routes
+from edge_spec.server.ollama_api import add_ollama_routes, served_name
 from edge_spec.server.responses_api import ResponseShape, ResponseStore, parse_responses
 from edge_spec.server.schemas import (
     APIError,
@@ -386,7 +386,8 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
 
 
 def _check_model(config: ServerConfig, model: str) -> None:
-    if model not in config.model_ids:
+    """Any route takes the served model's ids, and Ollama's names for it (served_name)."""
+    if served_name(model, config.model_ids) not in config.model_ids:
         raise APIError(
             404,
             f"The model {model!r} does not exist; this server serves "

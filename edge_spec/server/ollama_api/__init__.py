@@ -6,6 +6,12 @@ object or its newline-delimited stream (answer.py). Errors take Ollama's shape (
 
 from edge_spec.server.ollama_api.answer import OllamaShape
 from edge_spec.server.ollama_api.request import parse_ollama_chat, parse_ollama_generate
-from edge_spec.server.ollama_api.routes import add_ollama_routes
+from edge_spec.server.ollama_api.routes import add_ollama_routes, served_name
 
-__all__ = ["OllamaShape", "add_ollama_routes", "parse_ollama_chat", "parse_ollama_generate"]
+__all__ = [
+    "OllamaShape",
+    "add_ollama_routes",
+    "parse_ollama_chat",
+    "parse_ollama_generate",
+    "served_name",
+]
