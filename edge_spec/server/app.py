@@ -1,8 +1,8 @@
 """The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses,
 Anthropic's /v1/messages (JSON or SSE) and its count_tokens, Ollama's /api routes (JSON or
 newline-delimited), llama-server's /tokenize, /detokenize and /apply-template, plus /health
-and /metrics. One worker thread owns the
-models (see worker.py); handlers only parse, queue, wait and format."""
+and /metrics. One worker thread owns the models (see worker.py); handlers only parse, queue,
+wait and format."""
 
 from __future__ import annotations
 
@@ -291,7 +291,7 @@ async def _serve(
     try:
         event = await _first_event(job, config.queue_timeout_s)
         if req.stream and event[0] == "delta":
-            watcher.cancel()  # from here on the SSE response watches the connection
+            watcher.cancel()  # from here on the streamed response watches the connection
             sse = _sse(job, event, shape.events(), shape.param, len(starts))
             if getattr(shape, "ndjson", False):  # Ollama's: one JSON object per line
                 return StreamingResponse(sse, media_type="application/x-ndjson")
