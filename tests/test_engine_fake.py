@@ -118,10 +118,10 @@ class ModelLater(FixedK):
         self.plain_steps = plain_steps
         self.lags: list[int] = []
 
-    def wants_model(self, model_lag: int = 1) -> bool:
+    def wants_model(self, model_lag: int = 1, model_load_s: float = 0.0) -> bool:
         return False
 
-    def begin(self, model_lag: int = 1) -> None:
+    def begin(self, model_lag: int = 1, model_load_s: float = 0.0) -> None:
         self.lags.append(model_lag)
         self.n_steps = 0
 
@@ -161,6 +161,38 @@ def test_a_draft_model_the_policy_does_not_expect_is_not_prefilled() -> None:
         )
     )
     assert policy.lags[-1] < 5
+
+
+def test_a_short_request_does_not_load_a_lazy_draft_model_for_a_bet_it_cannot_cover() -> None:
+    """Under the cost policy a draft model that loads on first use, and that the policy did
+    not want at the request's start (its last requests gained nothing from it), is loaded
+    mid-request only when the request's ledger covers its expected load: a 12-token answer
+    leaves it unloaded (and is the target's), where a load expected to cost nothing is
+    made."""
+    from edge_spec.policy.cost import CostModelK
+    from edge_spec.policy.types import CostCurve
+
+    target = FakeLlama(make_target())
+    costs = CostCurve((0.01,) * 10, draft_token_s=0.001)  # flat: the model would pay
+    prompt = [4, 0, 4, 0, 1, 2, 3]
+    for expected_load_s, loads_it in ((0.0, True), (0.5, False)):
+        lazy = LazyModelDraft(lambda: ModelDraft(FakeLlama(make_target())), "shared")
+        lazy.expected_load_s = expected_load_s
+        policy = CostModelK(costs, k_max=3, prior_alpha={"model": 0.95})
+        for _ in range(4):  # requests in which the model's steps saved nothing
+            policy.begin()
+        events = run_steps(
+            target,
+            {"model": lazy, "none": NoDraft()},
+            policy,
+            prompt,
+            k_max=3,
+            max_tokens=12,
+            sampling=SamplingParams(),
+        )
+        tokens = [t for event in events for t in getattr(event, "tokens", ())]
+        assert tokens == greedy_reference(prompt, 12)
+        assert (lazy.loaded is not None) == loads_it
 
 
 def test_a_lazy_draft_model_loads_on_the_first_draft_and_a_failed_load_steps_aside() -> None:

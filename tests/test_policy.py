@@ -381,6 +381,39 @@ def test_the_draft_free_ledger_defers_a_requests_first_draft_on_a_cpu_curve() ->
     assert steps >= 8
 
 
+def test_a_draft_model_not_loaded_yet_drafts_only_once_the_ledger_covers_its_load() -> None:
+    """A draft model that loads on first use costs its load before its first draft: the risk
+    ledger charges that to the plan that would load it, so a short request never bets the
+    load (plain steps run until 4 % of their time covers it), and the load it measured then
+    counts as lost like any other drafting cost."""
+    costs = flat_costs(c=0.1)  # a flat verifier, where the model pays from the first step
+    t1 = costs.t(1)
+    loaded = CostModelK(costs, k_max=8, prior_alpha={"model": 0.9})
+    loaded.begin(1, model_load_s=0.0)
+    assert loaded.plan(MODEL_ONLY, 8, None).source == "model"
+    policy = CostModelK(costs, k_max=8, prior_alpha={"model": 0.9})
+    policy.begin(1, model_load_s=0.2)
+    steps = 0
+    while (plan := policy.plan(MODEL_ONLY, 8, None)) == PLAIN:
+        policy.update(outcome("none", 0, 0, costs))
+        steps += 1
+        assert steps < 1000
+    assert plan.source == "model"
+    # Half a step plus 4 % of the plain time so far covers the 0.2 s load (and the draft).
+    assert abs(steps - (0.2 - 0.5 * t1) / (0.04 * t1)) <= 5
+    # The measured load is lost: a load that took far longer than expected stops drafting.
+    after = {}
+    for load_s in (0.2, 10.0):
+        twin = CostModelK(costs, k_max=8, prior_alpha={"model": 0.9})
+        twin.begin(1, model_load_s=0.2)
+        for _ in range(steps):
+            twin.update(outcome("none", 0, 0, costs))
+        k = twin.plan(MODEL_ONLY, 8, None).k
+        twin.update(outcome("model", k, k, costs, load_s=load_s))
+        after[load_s] = twin.plan(MODEL_ONLY, 8, None)
+    assert after[0.2].source == "model" and after[10.0] == PLAIN
+
+
 # ---- early stop ------------------------------------------------------------------------------
 
 

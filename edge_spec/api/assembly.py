@@ -30,6 +30,14 @@ from edge_spec.modes import AUTO_DRAFT, DRAFT_MODES, HEAD, SELF, DraftMode
 
 log = logging.getLogger(__name__)
 
+# What loading a draft model is expected to cost, before it is loaded once (the cost policy's
+# risk ledger charges it to the first plan that would draft with it). Measured on this 2-core
+# machine with a 1024-4096-token context: SmolLM2-135M Q4_0 (87 MiB) 0.15 s, Gemma-3-270M
+# Q4_0 (230 MiB) 0.44-0.52 s (Q4_0 weights are repacked at load), SmolLM2-135M F16 (258 MiB)
+# 0.11-0.13 s: the estimate errs high, so a short request does not bet on a cheap load.
+LOAD_FIXED_S = 0.02
+LOAD_S_PER_MIB = 2e-3
+
 # Logit rows the target's first prefill outputs (and drops) so that the first verifications
 # do not pay for llama.cpp's buffers (LlamaModel.sync): a request's first drafts are short
 # (the risk ledger affords a few tokens before drafting has gained anything), and larger
@@ -175,7 +183,8 @@ def load_sources(
                 raise
 
         vocabulary = relation_from_files(choice.target_path, draft_path)
-        model = LazyModelDraft(load_draft, vocabulary or "translated")
+        expected_load_s = LOAD_FIXED_S + LOAD_S_PER_MIB * draft_path.stat().st_size / 2**20
+        model = LazyModelDraft(load_draft, vocabulary or "translated", expected_load_s)
         if vocabulary is None:  # only the loaded models can tell: load now
             model.load()
         sources["model"] = model

@@ -165,14 +165,15 @@ def run_steps(
     lag = model.lag(context) if isinstance(model, ModelDraft) else 1
     aside = _Aside(sources)
     for name, source in sources.items():
-        # A draft model the policy does not expect to pay for its prefill is not prefilled:
-        # the time to first token stays the target's own, and a later first draft catches up.
-        if not isinstance(source, ModelDraft) or policy.wants_model(lag):
+        # A draft model the policy does not expect to pay for its prefill (and its load) is not
+        # prefilled: the time to first token stays the target's own, and a later first draft
+        # catches up.
+        if not isinstance(source, ModelDraft) or policy.wants_model(lag, _unloaded_s(source)):
             try:
                 source.begin(context)
             except Exception as exc:  # noqa: BLE001 - a draft never fails the request
                 aside.fail(name, exc)
-    policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1)
+    policy.begin(model.lag(context) if isinstance(model, ModelDraft) else 1, _unloaded_s(model))
     yield Prefill(len(prompt), cached, time.perf_counter() - t0, aside.take(), scored)
 
     models = [target, *sources.values()]  # what spends time inside llama_decode
@@ -193,8 +194,10 @@ def run_steps(
                 aside.fail("ngram", exc)
         live = tuple(name for name in names if name not in aside.failed)
         plan = policy.plan(live, cap, candidate)
+        load_s = 0.0
         try:
-            t0 += _load(sources.get(plan.source))  # a lazy draft model's load is not drafting
+            load_s = _load(sources.get(plan.source))  # charged to the ledger, not as drafting
+            t0 += load_s
             draft, branch_weights = _propose(
                 plan,
                 sources,
@@ -246,6 +249,7 @@ def run_steps(
                 n_branch_nodes=len(branch_weights),
                 n_branch_accepted=n_branch_accepted,
                 branch_weight=sum(branch_weights),
+                load_s=load_s,
             )
         )
         yield Step(
@@ -265,6 +269,14 @@ def run_steps(
             aside.take(),
             step_logprobs,
         )
+
+
+def _unloaded_s(source: DraftSource | None) -> float:
+    """What loading a draft model that loads on first use is expected to cost (0 once loaded,
+    or for any other source)."""
+    if not isinstance(source, LazyModelDraft) or source.loaded is not None:
+        return 0.0
+    return source.expected_load_s
 
 
 def _load(source: DraftSource | None) -> float:

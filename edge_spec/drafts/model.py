@@ -118,9 +118,17 @@ class LazyModelDraft(ModelDraft):
     that fails is not retried: every later use raises the same error, which sets the source
     aside for the request (the target answers alone)."""
 
-    def __init__(self, load_source: Callable[[], ModelDraft], vocabulary: str) -> None:
+    def __init__(
+        self,
+        load_source: Callable[[], ModelDraft],
+        vocabulary: str,
+        expected_load_s: float = 0.0,
+    ) -> None:
         self._load_source = load_source
         self._vocabulary = vocabulary
+        # What the load is expected to cost (the policy's risk ledger charges it to the plan
+        # that would load it), until it is loaded.
+        self.expected_load_s = expected_load_s
         self._source: ModelDraft | None = None
         self._error: Exception | None = None
 

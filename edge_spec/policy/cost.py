@@ -233,10 +233,11 @@ class CostModelK:
 
     # ---- per request / per step state ----
 
-    def wants_model(self, model_lag: int = 1) -> bool:
+    def wants_model(self, model_lag: int = 1, model_load_s: float = 0.0) -> bool:
         """Whether to prefill the draft model with the coming request's prompt (model_lag
         tokens it lacks): its best plan with its cache in sync beats a plain step, and, once
-        requests have shown what its steps save, they saved more than the prefill costs."""
+        requests have shown what its steps save, they saved more than the prefill costs (and
+        the load, model_load_s, where the model is not loaded yet)."""
         c = self.costs
         per_token = c.draft_s(2, 1) - c.draft_s(1, 1)
         fixed = c.overhead_s + c.draft_s(1, 1) - per_token
@@ -245,16 +246,19 @@ class CostModelK:
             return False
         if not self._model_gains:
             return True
-        prefill_s = c.draft_s(1, model_lag) - c.draft_s(1, 1)
+        prefill_s = c.draft_s(1, model_lag) - c.draft_s(1, 1) + model_load_s
         return sum(self._model_gains) / len(self._model_gains) >= prefill_s
 
-    def begin(self, model_lag: int = 1) -> None:
-        self._reset_request(model_lag)
+    def begin(self, model_lag: int = 1, model_load_s: float = 0.0) -> None:
+        self._reset_request(model_lag, model_load_s)
         self._model_gains.append(0.0)
 
-    def _reset_request(self, model_lag: int = 1) -> None:
+    def _reset_request(self, model_lag: int = 1, model_load_s: float = 0.0) -> None:
         # Tokens the model draft's next first decode covers: 1 when the engine prefilled it.
         self.n_fresh = max(model_lag, 1)
+        # What loading the draft model would cost before its first draft (0 once loaded): a
+        # draft with it risks that too, so the ledger allows it only when it covers the load.
+        self._model_load_s = max(model_load_s, 0.0)
         self._rate = 0.0  # tokens/s the current plan expects
         self._k_plan = 0
         self._alphas: list[float] = []
@@ -285,7 +289,7 @@ class CostModelK:
             while k < k_cap:
                 extra = curve[k + 2] - t1
                 if source == "model":
-                    extra += c.draft_s(k + 1, self.n_fresh)
+                    extra += c.draft_s(k + 1, self.n_fresh) + self._model_load_s
                 if extra > allowance:
                     break
                 k += 1
@@ -579,7 +583,10 @@ class CostModelK:
 
     def _keep_ledger(self, outcome: StepOutcome) -> None:
         """What the step's drafting lost against plain steps, in measured seconds (the lookup
-        every step pays, drafting or not, is not the draft's)."""
+        every step pays, drafting or not, is not the draft's; loading the draft model is)."""
+        if outcome.load_s > 0.0:
+            self._lost_s += outcome.load_s
+            self._model_load_s = 0.0
         t1 = self.costs.t(1)
         produced = outcome.n_accepted + 1
         self._plain_s += produced * t1

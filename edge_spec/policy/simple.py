@@ -46,10 +46,10 @@ class FixedK:
         self.tree_nodes = tree_nodes
         self.name = f"fixed-{source or 'auto'}-{k}" if source != "none" else "none"
 
-    def wants_model(self, model_lag: int = 1) -> bool:
+    def wants_model(self, model_lag: int = 1, model_load_s: float = 0.0) -> bool:
         return self.k > 0 and self.source in (None, "model")
 
-    def begin(self, model_lag: int = 1) -> None:
+    def begin(self, model_lag: int = 1, model_load_s: float = 0.0) -> None:
         pass
 
     def plan(

@@ -111,6 +111,8 @@ class StepOutcome:
     n_branch_nodes: int = 0
     n_branch_accepted: int = 0
     branch_weight: float = 0.0  # the branch nodes' summed Branch.weights (what was expected)
+    # Seconds spent loading a draft model on first use for this step (measured; not in draft_s).
+    load_s: float = 0.0
 
 
 def model_lag_after(n_fresh: int, outcome: StepOutcome) -> int:
@@ -128,16 +130,18 @@ class KPolicy(Protocol):
     # n-gram lookup for branches, and a learned draft's alternates, only then.
     tree_nodes: int
 
-    def wants_model(self, model_lag: int = 1) -> bool:
+    def wants_model(self, model_lag: int = 1, model_load_s: float = 0.0) -> bool:
         """Asked before begin(): whether the model draft is likely to draft enough in the
-        coming request to pay for prefilling the model_lag tokens of the prompt it lacks. The
-        engine prefills the draft model only then; otherwise the draft's first proposal
-        catches up, a cost the policy weighs (begin's model_lag)."""
+        coming request to pay for prefilling the model_lag tokens of the prompt it lacks (and
+        for loading it first: model_load_s, 0 when it is loaded). The engine prefills the
+        draft model only then; otherwise the draft's first proposal catches up, a cost the
+        policy weighs (begin's model_lag)."""
 
-    def begin(self, model_lag: int = 1) -> None:
+    def begin(self, model_lag: int = 1, model_load_s: float = 0.0) -> None:
         """A new request starts (estimates may carry over; per-request state resets).
         model_lag: how many tokens the model draft's first decode would cover (1 when its
-        cache holds the prompt)."""
+        cache holds the prompt); model_load_s: what loading the draft model would cost before
+        its first draft (0 when it is loaded)."""
 
     def plan(
         self, sources: Sequence[SourceName], k_cap: int, ngram: NgramCandidate | None
