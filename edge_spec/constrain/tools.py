@@ -42,6 +42,15 @@ class ToolCall:
             "function": {"name": self.name, "arguments": self.arguments},
         }
 
+    def arguments_object(self) -> dict[str, Any]:
+        """The arguments as an object (Anthropic's `input`, Ollama's `arguments`); {} where
+        the text is not a JSON object."""
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
 
 @dataclass(frozen=True)
 class CallFormat:

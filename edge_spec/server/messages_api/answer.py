@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_spec.api import GenerationResult, TokenLogprob
+from edge_spec.constrain.tools import ToolCall
 from edge_spec.server.responses import ContentGate, Envelope, speculative_stats
 
 STOP_REASONS = {
@@ -47,17 +48,8 @@ def _usage(result: GenerationResult | None, n_input: int = 0) -> dict[str, Any]:
     }
 
 
-def _tool_use(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        value = {}
-    return {
-        "type": "tool_use",
-        "id": call_id,
-        "name": name,
-        "input": value if isinstance(value, dict) else {},
-    }
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments_object()}
 
 
 @dataclass(frozen=True)
@@ -90,7 +82,7 @@ class MessageShape:
         """The answer's content blocks: its text (unless it is only tool calls), then one
         tool_use block per call."""
         content = [] if result.tool_calls and not text.strip() else [{"type": "text", "text": text}]
-        return content + [_tool_use(c.id, c.name, c.arguments) for c in result.tool_calls]
+        return content + [_tool_use(c) for c in result.tool_calls]
 
     def body(self, result: GenerationResult) -> dict[str, Any]:
         return self.message(self.blocks(result, result.reply), result)
@@ -150,7 +142,7 @@ class MessageEvents:
                 self._event("content_block_stop", index=0),
             ]
         for call in result.tool_calls:
-            block = _tool_use(call.id, call.name, call.arguments)
+            block = _tool_use(call)
             partial = json.dumps(block["input"], ensure_ascii=False)
             events += [
                 self._event(

@@ -42,23 +42,13 @@ def timings(result: GenerationResult) -> dict[str, int]:
 
 def _tool_calls(result: GenerationResult) -> list[dict[str, Any]]:
     """Ollama's calls carry their arguments as an object."""
-    calls = []
-    for i, call in enumerate(result.tool_calls):
-        try:
-            arguments = json.loads(call.arguments)
-        except ValueError:
-            arguments = {}
-        calls.append(
-            {
-                "id": call.id,
-                "function": {
-                    "index": i,
-                    "name": call.name,
-                    "arguments": arguments if isinstance(arguments, dict) else {},
-                },
-            }
-        )
-    return calls
+    return [
+        {
+            "id": call.id,
+            "function": {"index": i, "name": call.name, "arguments": call.arguments_object()},
+        }
+        for i, call in enumerate(result.tool_calls)
+    ]
 
 
 def _logprobs(scored: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
