@@ -249,6 +249,7 @@ def create_app(
         max_request_bytes=config.max_request_bytes,
         worker=worker,
         serve=serve_ollama,
+        check_model=lambda model: _check_model(config, model),
     )
     app.include_router(secured)
     return app

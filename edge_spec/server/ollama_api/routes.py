@@ -25,6 +25,7 @@ from edge_spec.server.schemas import APIError, ParsedRequest, RequestLimits
 from edge_spec.server.worker import Worker
 
 Serve = Callable[[Request, ParsedRequest, OllamaShape], Awaitable[Response]]
+CheckModel = Callable[[str], None]  # the app's: 404 unless a name of the served model
 FAR_FUTURE = "2318-01-01T00:00:00Z"  # /api/ps: the model stays loaded while the server runs
 
 
@@ -50,26 +51,15 @@ def add_ollama_routes(
     max_request_bytes: int,
     worker: Worker,
     serve: Serve,
+    check_model: CheckModel,
 ) -> None:
-    def served(body: Any) -> Any:
-        if isinstance(body, dict) and isinstance(body.get("model"), str):
-            return {**body, "model": served_name(body["model"], model_ids)}
-        return body
-
-    def check(name: str) -> None:
-        if name not in model_ids:
-            raise APIError(404, f"model {name!r} not found; this server serves {model_ids[0]!r}")
-
     async def generation(request: Request, parse: Callable[..., OllamaRequest]) -> Response:
-        body = await read_json(request, max_request_bytes)
-        asked = body.get("model") if isinstance(body, Mapping) else None
-        req = parse(served(body), limits)
-        shape = OllamaShape(str(asked), req.chat, logprobs=req.logprobs)
+        req = parse(await read_json(request, max_request_bytes), limits)
+        tools = req.parsed is not None and req.parsed.config.tool_mode != "none"
+        shape = OllamaShape(req.model, req.chat, tools=tools, logprobs=req.logprobs)
         if req.parsed is None:  # nothing to generate: Ollama's "load the model"
-            check(req.model)
+            check_model(req.model)
             return JSONResponse(shape.loaded())
-        tools = req.parsed.config.tool_mode != "none"
-        shape = OllamaShape(str(asked), req.chat, tools=tools, logprobs=req.logprobs)
         return await serve(request, req.parsed, shape)
 
     @router.post("/api/chat")
@@ -107,10 +97,10 @@ def add_ollama_routes(
         body = await read_json(request, max_request_bytes)
         if isinstance(body, Mapping) and "model" not in body and "name" in body:
             body = {**body, "model": body["name"]}  # older clients
-        name = served(body).get("model") if isinstance(body, Mapping) else None
+        name = body.get("model") if isinstance(body, Mapping) else None
         if not isinstance(name, str):
             raise APIError(400, "model is required", param="model")
-        check(name)
+        check_model(name)
 
         def run(spec: EdgeSpec) -> dict[str, Any]:
             info = spec.target.info
