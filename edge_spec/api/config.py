@@ -137,8 +137,8 @@ class GenerationConfig:
     # its position's most likely tokens (0-20); None: none (they cost nothing then).
     logprobs: int | None = None
     # The prompt's tokens' logprobs too (result.prompt_logprobs), with this many alternatives
-    # each (0-20); None: none. Scoring decodes the whole prompt again, every row output: a
-    # cached prefix is not reused.
+    # each (0-20); None: none. Scoring decodes the prompt again, every row output, but for the
+    # beginning it shares with the last prompt scored (decode.logprobs.PromptScores).
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_spec.backend.model import common_prefix
+from edge_spec.backend import common_prefix
 
 if TYPE_CHECKING:
     from edge_spec.backend import LlamaModel
