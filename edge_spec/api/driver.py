@@ -60,7 +60,7 @@ def deltas(run: Generation, prompt_ids: list[int]) -> Iterator[TextDelta]:
     finish: FinishReason | None = None
     steps = run_steps(
         target,
-        dict(run.sources),
+        run.sources,
         run.policy,
         prompt_ids,
         k_max=max((cfg.k or 0) + (cfg.tree_nodes or 0), cfg.k_max),
